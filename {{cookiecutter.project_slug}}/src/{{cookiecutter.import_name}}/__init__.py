@@ -1,0 +1,1 @@
+"""{{ cookiecutter.project_name }}: an image classifier trained with PyTorch Lightning."""

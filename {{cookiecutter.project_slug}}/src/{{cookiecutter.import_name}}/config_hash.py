@@ -1,0 +1,61 @@
+"""Name a run by what it computes: a SHA-256 of its resolved config, minus keys that cannot change results.
+
+Two commands that differ only in where files go, how fast data is read or how often
+progress is printed describe the same computation, so they share a hash (and a run
+directory). Everything else — model, data, optimizer, trainer settings, seed — is in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import Any
+
+SHORT_LENGTH = 12
+
+# Dotted keys left out of the hash; "*" matches any list index. Why each cannot change results:
+EXCLUDED_KEYS: tuple[str, ...] = (
+    "config",  # the config files' paths; their content is in the rest of the config
+    "ckpt_path",  # where to resume from; a resumed run continues the same computation
+    "trainer.default_root_dir",  # output location
+    "trainer.logger.init_args.save_dir",  # output location
+    "trainer.logger.init_args.name",  # output location
+    "trainer.logger.init_args.version",  # output location (set from this hash)
+    "trainer.callbacks.*.init_args.dirpath",  # checkpoint location
+    "trainer.enable_progress_bar",  # console output only
+    "trainer.enable_model_summary",  # console output only
+    "trainer.log_every_n_steps",  # logging cadence only
+    "data.data_dir",  # where the archive is; its content is pinned by the MD5 check
+    "data.num_workers",  # how many processes read the same batches
+    "data.pin_memory",  # how batches are copied, not what they hold
+)
+
+
+def _drop(node: Any, parts: list[str]) -> None:
+    head, rest = parts[0], parts[1:]
+    if head == "*" and isinstance(node, list):
+        children = node
+    elif isinstance(node, dict) and head in node:
+        if not rest:
+            del node[head]
+            return
+        children = [node[head]]
+    else:
+        return
+    for child in children:
+        if rest:
+            _drop(child, rest)
+
+
+def canonical_config(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_KEYS) -> str:
+    """The config as sorted, compact JSON with the excluded keys removed."""
+    pruned = json.loads(json.dumps(config))
+    for key in excluded:
+        _drop(pruned, key.split("."))
+    return json.dumps(pruned, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_KEYS) -> str:
+    """Full hex SHA-256 of ``canonical_config(config)``."""
+    return hashlib.sha256(canonical_config(config, excluded).encode()).hexdigest()

@@ -1,0 +1,234 @@
+"""Get the official archive, check it, and convert it once into memory-mappable arrays.
+
+The cache is built in a temporary folder beside its final place and renamed into place
+only when complete, with ``meta.json`` (the completion marker) inside. A cache whose
+marker is missing, from another format version, or from another archive is rebuilt,
+never trusted, so a killed conversion can never be read back as data.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tarfile
+import urllib.error
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from torchvision.datasets.utils import calculate_md5, download_url
+
+from .cifar_format import IMAGE_SHAPE, ROW_LENGTH, CifarFormat, read_batch
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT_VERSION = 1
+MARKER = "meta.json"
+SPLITS = ("train", "test")
+
+
+class DataError(RuntimeError):
+    """The data on disk cannot be used; the message says what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class CachedSplit:
+    """Paths of one split's arrays: images (N, 3, 32, 32) uint8 and labels (N,) int64."""
+
+    images: Path
+    labels: Path
+
+
+@dataclass(frozen=True)
+class Cache:
+    """A complete, converted dataset folder."""
+
+    root: Path
+    class_names: tuple[str, ...]
+    archive_md5: str
+
+    def split(self, name: str) -> CachedSplit:
+        return CachedSplit(self.root / f"{name}_images.npy", self.root / f"{name}_labels.npy")
+
+
+def archive_path(data_dir: Path, fmt: CifarFormat) -> Path:
+    return Path(data_dir) / fmt.archive_name
+
+
+def cache_dir(data_dir: Path, fmt: CifarFormat) -> Path:
+    return Path(data_dir) / f"{fmt.name}-uint8"
+
+
+def _missing_archive_message(path: Path, fmt: CifarFormat, reason: str) -> str:
+    return (
+        f"{fmt.title} archive not found at {path} ({reason}). Download {fmt.url} "
+        f"on a machine with network access and place it at {path}, or point data.data_dir "
+        "at the folder that holds it."
+    )
+
+
+def ensure_archive(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_checksum: bool) -> tuple[Path, str]:
+    """Return the archive's path and MD5, downloading it first if it is absent and allowed.
+
+    A download goes to a temporary name and is renamed only once complete and verified.
+    """
+    path = archive_path(data_dir, fmt)
+    if not path.is_file():
+        if not download:
+            raise DataError(_missing_archive_message(path, fmt, "and data.download is false"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.part-{os.getpid()}")
+        try:
+            download_url(fmt.url, root=str(partial.parent), filename=partial.name)
+        except (urllib.error.URLError, OSError, RuntimeError) as error:
+            partial.unlink(missing_ok=True)
+            raise DataError(_missing_archive_message(path, fmt, f"downloading failed: {error}")) from error
+        md5 = calculate_md5(str(partial))
+        if verify_checksum and md5 != fmt.md5:
+            partial.unlink()
+            raise DataError(f"the download of {fmt.url} has MD5 {md5}, expected {fmt.md5}; run again to retry")
+        os.replace(partial, path)
+    md5 = calculate_md5(str(path))
+    if verify_checksum and md5 != fmt.md5:
+        raise DataError(
+            f"{path} has MD5 {md5}, but the official {fmt.title} archive has {fmt.md5}. "
+            "If the file is damaged, delete it and run again to download it afresh; if it is your own "
+            "data packed in the CIFAR format, set data.verify_checksum to false."
+        )
+    return path, md5
+
+
+def load_cache(data_dir: Path, fmt: CifarFormat, archive_md5: str | None = None) -> Cache | None:
+    """Return the converted cache if it is complete (and made from ``archive_md5``, if given)."""
+    root = cache_dir(data_dir, fmt)
+    try:
+        meta = json.loads((root / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("format_version") != CACHE_FORMAT_VERSION or meta.get("dataset") != fmt.name:
+        return None
+    if archive_md5 is not None and meta.get("archive_md5") != archive_md5:
+        return None
+    cache = Cache(root, tuple(meta["class_names"]), meta["archive_md5"])
+    if not all(path.is_file() for split in SPLITS for path in vars(cache.split(split)).values()):
+        return None
+    return cache
+
+
+def _read_member(tar: tarfile.TarFile, archive: Path, member: str) -> dict[str, object]:
+    try:
+        handle = tar.extractfile(member)
+        raw = handle.read() if handle is not None else None
+    except KeyError:
+        raise DataError(f"{archive} has no member {member!r}; is it a CIFAR archive of the right kind?") from None
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
+        raise DataError(
+            f"{archive} is damaged ({error}); delete it and run again to download it afresh"
+        ) from error
+    if raw is None:
+        raise DataError(f"{archive}: {member!r} is not a regular file")
+    try:
+        return read_batch(raw)
+    except Exception as error:  # a corrupt pickle raises many different types
+        raise DataError(f"{archive}: cannot read {member!r} as a CIFAR batch ({error})") from error
+
+
+def _read_split(tar: tarfile.TarFile, archive: Path, fmt: CifarFormat, files: tuple[str, ...], num_classes: int):
+    images, labels = [], []
+    for file_name in files:
+        member = fmt.member(file_name)
+        batch = _read_member(tar, archive, member)
+        try:
+            data = np.asarray(batch["data"])
+            targets = np.asarray(batch[fmt.labels_key], dtype=np.int64)
+        except KeyError as error:
+            raise DataError(f"{archive}: {member!r} lacks the key {error}") from None
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != ROW_LENGTH or len(targets) != len(data):
+            raise DataError(
+                f"{archive}: {member!r} holds data {data.dtype}{data.shape} with {len(targets)} labels; "
+                f"expected uint8 (N, {ROW_LENGTH}) rows with N labels"
+            )
+        if len(targets) and (targets.min() < 0 or targets.max() >= num_classes):
+            raise DataError(f"{archive}: {member!r} has labels outside 0..{num_classes - 1}")
+        images.append(data.reshape(-1, *IMAGE_SHAPE))
+        labels.append(targets)
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarFormat) -> Cache:
+    """Convert the archive's batches into ``.npy`` arrays, atomically replacing any old cache."""
+    final = cache_dir(data_dir, fmt)
+    partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        try:
+            tar = tarfile.open(archive, "r:*")
+        except (tarfile.TarError, OSError) as error:
+            raise DataError(
+                f"{archive} is not a readable tar archive ({error}); delete it and run again to download it afresh"
+            ) from error
+        with tar:
+            meta = _read_member(tar, archive, fmt.member(fmt.meta_file))
+            class_names = tuple(str(name) for name in meta.get(fmt.names_key, ()))
+            if not class_names:
+                raise DataError(f"{archive}: {fmt.meta_file!r} has no {fmt.names_key!r}")
+            counts = {}
+            for split, files in zip(SPLITS, (fmt.train_files, fmt.test_files), strict=True):
+                images, labels = _read_split(tar, archive, fmt, files, len(class_names))
+                np.save(partial / f"{split}_images.npy", images)
+                np.save(partial / f"{split}_labels.npy", labels)
+                counts[split] = len(labels)
+        marker = {
+            "format_version": CACHE_FORMAT_VERSION,
+            "dataset": fmt.name,
+            "archive_md5": archive_md5,
+            "class_names": list(class_names),
+            "counts": counts,
+        }
+        (partial / MARKER).write_text(json.dumps(marker, indent=2))
+        for path in partial.iterdir():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    log.info("converted %s into %s (%s)", archive, final, counts)
+    return Cache(final, class_names, archive_md5)
+
+
+def _remove_stale_partials(data_dir: Path, fmt: CifarFormat) -> None:
+    final = cache_dir(data_dir, fmt)
+    for stale in final.parent.glob(f"{final.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in final.parent.glob(f"{fmt.archive_name}.part-*"):
+        stale.unlink(missing_ok=True)
+
+
+def prepare(data_dir: Path, fmt: CifarFormat, *, download: bool = True, verify_checksum: bool = True) -> Cache:
+    """Make sure a complete cache built from the archive in ``data_dir`` exists; return it.
+
+    Without the archive, a complete cache alone is used as is (the archive may be deleted
+    after conversion to save space).
+    """
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / f".{fmt.name}.lock", "w") as lock:
+        # One preparer at a time per data folder (two jobs, or several nodes on a shared disk);
+        # holding the lock also makes any partial file left in the folder a stale one.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _remove_stale_partials(data_dir, fmt)
+        if not archive_path(data_dir, fmt).is_file():
+            cache = load_cache(data_dir, fmt)
+            if cache is not None:
+                return cache
+        archive, md5 = ensure_archive(data_dir, fmt, download=download, verify_checksum=verify_checksum)
+        cache = load_cache(data_dir, fmt, archive_md5=md5)
+        if cache is None:
+            cache = convert_archive(archive, md5, data_dir, fmt)
+        return cache

@@ -1,0 +1,59 @@
+"""Augment whole uint8 batches on the device they already live on.
+
+One random draw per batch instead of per-sample Python: the crop is a gather of shifted
+windows from a zero-padded batch (what ``RandomCrop(32, padding=p)`` does per image) and
+the flip a masked select. Draws come from a generator of our own, seeded explicitly, so
+a run is reproducible and the generator's state can be checkpointed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def random_crop(images: Tensor, padding: int, generator: torch.Generator) -> Tensor:
+    """Shift each image by up to ``padding`` pixels in each direction, filling with zeros."""
+    if padding <= 0:
+        return images
+    n, c, h, w = images.shape
+    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
+    shifts = torch.randint(0, 2 * padding + 1, (2, n), device=images.device, generator=generator)
+    rows = shifts[0, :, None] + torch.arange(h, device=images.device)  # (n, h)
+    cols = shifts[1, :, None] + torch.arange(w, device=images.device)  # (n, w)
+    batch_index = torch.arange(n, device=images.device)[:, None, None, None]
+    channel_index = torch.arange(c, device=images.device)[None, :, None, None]
+    return padded[batch_index, channel_index, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def random_flip(images: Tensor, generator: torch.Generator) -> Tensor:
+    """Mirror a random half of the images left to right."""
+    flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+
+
+class BatchAugment:
+    """The training-time augmentation policy, applied to a (N, 3, H, W) batch of any dtype."""
+
+    def __init__(self, crop_padding: int = 4, flip: bool = True) -> None:
+        self.crop_padding = crop_padding
+        self.flip = flip
+        self.generator: torch.Generator | None = None
+        self._seed = 0
+
+    def seed(self, seed: int) -> None:
+        """Restart the random stream; the generator is made on the first batch's device."""
+        self._seed = seed
+        self.generator = None
+
+    def _generator_for(self, device: torch.device) -> torch.Generator:
+        if self.generator is None or self.generator.device != device:
+            self.generator = torch.Generator(device=device).manual_seed(self._seed)
+        return self.generator
+
+    def __call__(self, images: Tensor) -> Tensor:
+        generator = self._generator_for(images.device)
+        images = random_crop(images, self.crop_padding, generator)
+        if self.flip:
+            images = random_flip(images, generator)
+        return images

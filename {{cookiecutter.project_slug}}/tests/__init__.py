@@ -1,0 +1,1 @@
+"""Tests of the data path, the model and the command line."""

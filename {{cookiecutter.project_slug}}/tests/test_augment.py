@@ -1,0 +1,46 @@
+import torch
+import torch.nn.functional as F
+
+from {{ cookiecutter.import_name }}.data.augment import BatchAugment, random_crop, random_flip
+
+
+def batch(n=16):
+    return torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+
+def test_shapes_and_dtype_are_kept():
+    out = BatchAugment(crop_padding=4, flip=True)(batch())
+    assert out.shape == (16, 3, 32, 32) and out.dtype == torch.uint8
+
+
+def test_crop_is_a_window_of_the_zero_padded_image():
+    images = batch(8)
+    out = random_crop(images, 4, torch.Generator().manual_seed(1))
+    padded = F.pad(images, (4, 4, 4, 4))
+    for image, cropped in zip(padded, out, strict=True):
+        windows = [(dy, dx) for dy in range(9) for dx in range(9) if torch.equal(image[:, dy : dy + 32, dx : dx + 32], cropped)]
+        assert windows, "every output must be one 32x32 window of the padded input"
+
+
+def test_flip_mirrors_some_images_and_keeps_the_rest():
+    images = batch(64)
+    out = random_flip(images, torch.Generator().manual_seed(2))
+    flipped = [torch.equal(o, i.flip(-1)) for o, i in zip(out, images, strict=True)]
+    kept = [torch.equal(o, i) for o, i in zip(out, images, strict=True)]
+    assert all(f or k for f, k in zip(flipped, kept, strict=True))
+    assert 10 < sum(flipped) < 54
+
+
+def test_same_seed_same_augmentation_other_seed_other():
+    first, second, other = BatchAugment(), BatchAugment(), BatchAugment()
+    first.seed(7)
+    second.seed(7)
+    other.seed(8)
+    images = batch()
+    assert torch.equal(first(images), second(images))
+    assert not torch.equal(first(images), other(images))
+
+
+def test_disabled_policy_is_identity():
+    images = batch()
+    assert torch.equal(BatchAugment(crop_padding=0, flip=False)(images), images)

@@ -1,0 +1,52 @@
+import pickle
+import pickletools
+import tarfile
+
+import numpy as np
+import pytest
+
+from {{ cookiecutter.import_name }}.data.cifar_format import read_batch
+
+from .conftest import write_tiny_archive
+
+
+def members(path):
+    with tarfile.open(path) as tar:
+        return {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
+
+
+def test_archive_has_the_official_layout(tmp_path, fmt):
+    files = members(write_tiny_archive(tmp_path, fmt))
+    expected = {fmt.member(name) for name in (*fmt.train_files, *fmt.test_files, fmt.meta_file)}
+    assert expected <= set(files)
+    batch = pickle.loads(files[fmt.member(fmt.train_files[0])], encoding="latin1")
+    assert {"data", fmt.labels_key, "batch_label", "filenames"} <= set(batch)
+    assert batch["data"].dtype == np.uint8 and batch["data"].shape[1] == 3072
+    meta = pickle.loads(files[fmt.member(fmt.meta_file)], encoding="latin1")
+    assert meta[fmt.names_key] == list(fmt.class_names)
+
+
+def test_batches_are_python2_pickles(tmp_path, fmt):
+    raw = members(write_tiny_archive(tmp_path, fmt))[fmt.member(fmt.test_files[0])]
+    opcodes = {op.name for op, _, _ in pickletools.genops(raw)}
+    assert raw[:2] == b"\x80\x02"  # protocol 2
+    assert "SHORT_BINSTRING" in opcodes and "BINSTRING" in opcodes  # py2 str, for keys and pixel bytes
+    assert not opcodes & {"BINUNICODE", "SHORT_BINUNICODE", "SHORT_BINBYTES", "BINBYTES"}  # nothing py3-only
+    as_bytes = pickle.loads(raw, encoding="bytes")
+    assert b"data" in as_bytes and as_bytes[b"data"].shape[1] == 3072
+
+
+def test_reader_accepts_python3_pickles_and_bytes_keys():
+    rows = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    for batch in ({"data": rows, "labels": [1, 2]}, {b"data": rows, b"labels": [1, 2]}):
+        loaded = read_batch(pickle.dumps(batch, protocol=4))
+        assert loaded["labels"] == [1, 2] and np.array_equal(loaded["data"], rows)
+
+
+def test_reader_refuses_code_in_a_pickle():
+    class Exploit:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to load (__builtin__|builtins)\.print"):
+        read_batch(pickle.dumps({"data": Exploit()}, protocol=2))

@@ -1,0 +1,119 @@
+"""The command line as a user types it: real ``python main.py`` processes on a tiny archive."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from {{ cookiecutter.import_name }}.models import ImageClassifier
+
+from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, run_cli, write_tiny_archive
+
+
+def fit_args(data_dir, *extra):
+    return ["fit", "--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={data_dir}", *extra]
+
+
+def only_run_dir(root):
+    runs = [p.parent for p in root.glob("runs/*/*/config.yaml")]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One real 1-epoch fit through the CLI, shared by the tests that inspect or reuse it."""
+    root = tmp_path_factory.mktemp("run")
+    write_tiny_archive(root / "data")
+    result = run_cli(*fit_args(root / "data"), cwd=root)
+    return root, only_run_dir(root), result
+
+
+def test_fit_writes_checkpoints_logs_and_config(trained):
+    root, run_dir, _ = trained
+    last = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)  # everything stored is plain data
+    assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == (192 - 32) // 16
+    model = ImageClassifier.load_from_checkpoint(last)
+    assert model.hparams.width == 4 and model.class_names[0] == "airplane"
+    assert model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8)).shape == (1, {{ 10 if cookiecutter.dataset == "cifar10" else 100 }})
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert {"val/top1", "val/top5", "val/loss", "train/loss_step", "train/top1"} <= set(events.Tags()["scalars"])
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["model"]["width"] == 4 and config["data"]["batch_size"] == 16
+    assert run_dir.name == config["trainer"]["logger"]["init_args"]["version"]
+
+
+def test_same_command_again_refuses_to_start_over(trained):
+    root, run_dir, _ = trained
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    result = run_cli(*fit_args(root / "data"), cwd=root, check=False)
+    assert result.returncode != 0
+    assert "already holds checkpoints" in result.stderr and "--ckpt_path last" in result.stderr
+    assert sorted(p.name for p in run_dir.rglob("*")) == before
+
+
+def test_evaluate_a_checkpoint_inside_its_run(trained):
+    root, run_dir, _ = trained
+    last = run_dir / "checkpoints" / "last.ckpt"
+    for subcommand in ("validate", "test", "predict"):
+        args = ["--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={root / 'data'}"]
+        args = [a for a in args if not a.startswith("--trainer.max_epochs")]
+        result = run_cli(subcommand, *args, f"--ckpt_path={last}", cwd=root)
+        assert f"Loaded model weights from the checkpoint at {last}" in result.stderr + result.stdout
+    assert (run_dir / "test").is_dir() and (run_dir / "validate").is_dir()
+    events = EventAccumulator(str(next((run_dir / "test").iterdir())))
+    events.Reload()
+    assert "test/top1" in events.Tags()["scalars"]
+
+
+def test_resume_after_a_kill_continues_the_same_run(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    args = fit_args(tmp_path / "data", "--trainer.max_epochs=4", "--data.val_size=0", "--data.batch_size=8")
+    process = subprocess.Popen(
+        [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*/*/checkpoints/last.ckpt")) and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    run_dir = only_run_dir(tmp_path)
+    killed_at = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["epoch"]
+    assert killed_at < 3, "the run finished before it could be killed"
+
+    result = run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
+    assert f"Restoring states from the checkpoint path at {run_dir.resolve() / 'checkpoints' / 'last.ckpt'}" in (
+        result.stderr + result.stdout
+    )
+    final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert final["epoch"] == 3 and final["global_step"] == 4 * (192 // 8)
+    assert only_run_dir(tmp_path) == run_dir
+
+
+def test_print_config_shows_the_resolved_config(tmp_path):
+    result = run_cli("fit", "--config", str(default_config()), "--model.width=8", "--print_config", cwd=tmp_path)
+    config = yaml.safe_load(result.stdout)
+    assert config["model"]["width"] == 8 and config["data"]["dataset"] == "{{ cookiecutter.dataset }}"
+    assert "num_classes" not in config["model"]  # linked from the data, not typed twice
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("arg", "complaint"),
+    [("--model.widht=4", "widht"), ("--data.batch_size=many", "batch_size"), ("--model.backbone=vgg", "vgg")],
+)
+def test_bad_config_is_refused_with_the_key_named(tmp_path, arg, complaint):
+    result = run_cli("fit", "--config", str(default_config()), arg, cwd=tmp_path, check=False)
+    assert result.returncode != 0 and complaint in result.stderr
+    assert not (tmp_path / "runs").exists()
