@@ -10,6 +10,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, run_cli, write_tiny_archive
@@ -59,18 +60,35 @@ def test_same_command_again_refuses_to_start_over(trained):
     assert sorted(p.name for p in run_dir.rglob("*")) == before
 
 
-def test_evaluate_a_checkpoint_inside_its_run(trained):
+def eval_args(data_dir, last):
+    args = ["--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={data_dir}", f"--ckpt_path={last}"]
+    return [a for a in args if not a.startswith("--trainer.max_epochs")]
+
+
+def test_test_a_checkpoint_logs_inside_its_run(trained):
     root, run_dir, _ = trained
     last = run_dir / "checkpoints" / "last.ckpt"
-    for subcommand in ("validate", "test", "predict"):
-        args = ["--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={root / 'data'}"]
-        args = [a for a in args if not a.startswith("--trainer.max_epochs")]
-        result = run_cli(subcommand, *args, f"--ckpt_path={last}", cwd=root)
-        assert f"Loaded model weights from the checkpoint at {last}" in result.stderr + result.stdout
-    assert (run_dir / "test").is_dir() and (run_dir / "validate").is_dir()
+    result = run_cli("test", *eval_args(root / "data", last), cwd=root)
+    assert f"Loaded model weights from the checkpoint at {last}" in result.stderr + result.stdout
     events = EventAccumulator(str(next((run_dir / "test").iterdir())))
     events.Reload()
     assert "test/top1" in events.Tags()["scalars"]
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning")
+@pytest.mark.filterwarnings("ignore:The dirpath has changed.*:UserWarning")  # evaluation logs beside the run
+def test_validate_and_predict_a_checkpoint(trained, monkeypatch):
+    root, run_dir, _ = trained
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(sys, "argv", ["main.py"])
+    last = run_dir / "checkpoints" / "last.ckpt"
+    validated = TrainerCLI(args=["validate", *eval_args(root / "data", last)])
+    assert 0.0 <= validated.trainer.callback_metrics["val/top1"] <= 1.0
+    assert (run_dir / "validate").is_dir()
+    predicted = TrainerCLI(args=["predict", *eval_args(root / "data", last), "--return_predictions=true"])
+    probabilities = torch.cat(predicted.trainer.predict_loop.predictions)
+    assert probabilities.shape[0] == 64
+    assert torch.allclose(probabilities.sum(dim=1), torch.ones(64), atol=1e-5)
 
 
 def test_resume_after_a_kill_continues_the_same_run(tmp_path):
@@ -113,7 +131,10 @@ def test_print_config_shows_the_resolved_config(tmp_path):
     ("arg", "complaint"),
     [("--model.widht=4", "widht"), ("--data.batch_size=many", "batch_size"), ("--model.backbone=vgg", "vgg")],
 )
-def test_bad_config_is_refused_with_the_key_named(tmp_path, arg, complaint):
-    result = run_cli("fit", "--config", str(default_config()), arg, cwd=tmp_path, check=False)
-    assert result.returncode != 0 and complaint in result.stderr
+def test_bad_config_is_refused_with_the_key_named(tmp_path, monkeypatch, capsys, arg, complaint):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["main.py"])
+    with pytest.raises(SystemExit) as exit_info:
+        TrainerCLI(args=["fit", "--config", str(default_config()), arg])
+    assert exit_info.value.code != 0 and complaint in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
