@@ -13,6 +13,7 @@ import pytest
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, CIFAR100, FORMATS, CifarFormat, write_archive
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DATASET = FORMATS["{{ cookiecutter.dataset }}"]  # the format the default config trains on
 NUM_TRAIN, NUM_TEST = 192, 64
 
 
@@ -25,7 +26,7 @@ def make_images(count: int, num_classes: int, seed: int) -> tuple[np.ndarray, np
     return np.clip(base + noise, 0, 255).astype(np.uint8), labels
 
 
-def write_tiny_archive(data_dir: Path, fmt: CifarFormat = CIFAR10, seed: int = 0) -> Path:
+def write_tiny_archive(data_dir: Path, fmt: CifarFormat = DATASET, seed: int = 0) -> Path:
     data_dir.mkdir(parents=True, exist_ok=True)
     train = make_images(NUM_TRAIN, len(fmt.class_names), seed)
     test = make_images(NUM_TEST, len(fmt.class_names), seed + 1)
@@ -39,7 +40,7 @@ def fmt(request: pytest.FixtureRequest) -> CifarFormat:
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
-    """A data folder holding a tiny CIFAR-10 archive."""
+    """A data folder holding a tiny archive of the default dataset."""
     write_tiny_archive(tmp_path / "data")
     return tmp_path / "data"
 
@@ -50,6 +51,7 @@ FAST_ARGS = [
     "--data.val_size=32",
     "--data.batch_size=16",
     "--data.num_workers=0",
+    "--model.backbone=fastcnn",  # the CLI is under test here, not the backbone
     "--model.width=4",
     "--trainer.accelerator=cpu",
     "--trainer.max_epochs=1",
@@ -79,4 +81,3 @@ def default_config() -> Path:
     return PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"
 
 
-__all__ = ["FORMATS", "FAST_ARGS", "default_config", "run_cli", "write_tiny_archive"]

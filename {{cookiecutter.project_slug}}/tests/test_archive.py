@@ -16,7 +16,7 @@ from {{ cookiecutter.import_name }}.data import archive
 from {{ cookiecutter.import_name }}.data.archive import DataError, cache_dir, prepare
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 
-from .conftest import make_images, write_tiny_archive
+from .conftest import DATASET, make_images, write_tiny_archive
 
 
 def test_conversion_matches_the_archive(tmp_path, fmt):
@@ -32,14 +32,14 @@ def test_conversion_matches_the_archive(tmp_path, fmt):
 
 
 def test_a_complete_cache_is_reused_not_rebuilt(data_dir, monkeypatch):
-    prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
+    prepare(data_dir, DATASET, download=False, verify_checksum=False)
     monkeypatch.setattr(archive, "convert_archive", lambda *a: pytest.fail("the cache was rebuilt"))
-    prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
+    prepare(data_dir, DATASET, download=False, verify_checksum=False)
 
 
 @pytest.mark.parametrize("damage", ["no marker", "other archive", "old format", "missing array"])
 def test_an_incomplete_or_stale_cache_is_rebuilt(data_dir, damage):
-    cache = prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
+    cache = prepare(data_dir, DATASET, download=False, verify_checksum=False)
     marker = cache.root / "meta.json"
     meta = json.loads(marker.read_text())
     if damage == "no marker":
@@ -49,49 +49,49 @@ def test_an_incomplete_or_stale_cache_is_rebuilt(data_dir, damage):
     else:
         meta["archive_md5" if damage == "other archive" else "format_version"] = "stale"
         marker.write_text(json.dumps(meta))
-    rebuilt = prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
-    real_md5 = archive.calculate_md5(str(data_dir / CIFAR10.archive_name))
+    rebuilt = prepare(data_dir, DATASET, download=False, verify_checksum=False)
+    real_md5 = archive.calculate_md5(str(data_dir / DATASET.archive_name))
     assert json.loads((rebuilt.root / "meta.json").read_text())["archive_md5"] == real_md5
     assert json.loads((rebuilt.root / "meta.json").read_text())["format_version"] == archive.CACHE_FORMAT_VERSION
     assert np.load(rebuilt.split("test").images).shape == (64, 3, 32, 32)
 
 
 def test_a_changed_archive_invalidates_the_cache(data_dir):
-    first = prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
+    first = prepare(data_dir, DATASET, download=False, verify_checksum=False)
     write_tiny_archive(data_dir, seed=9)
-    second = prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
+    second = prepare(data_dir, DATASET, download=False, verify_checksum=False)
     assert second.archive_md5 != first.archive_md5
-    assert np.array_equal(np.load(second.split("train").labels), make_images(192, 10, 9)[1])
+    assert np.array_equal(np.load(second.split("train").labels), make_images(192, len(DATASET.class_names), 9)[1])
 
 
 def test_leftovers_of_a_killed_conversion_are_removed(data_dir):
-    leftover = data_dir / "cifar10-uint8.partial-99999"
+    leftover = data_dir / f"{DATASET.name}-uint8.partial-99999"
     leftover.mkdir()
     (leftover / "train_images.npy").write_bytes(b"half")
-    prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
+    prepare(data_dir, DATASET, download=False, verify_checksum=False)
     assert not leftover.exists()
 
 
 def test_checksum_mismatch_names_file_sums_and_option(data_dir):
-    path = data_dir / CIFAR10.archive_name
+    path = data_dir / DATASET.archive_name
     with pytest.raises(DataError) as error:
-        prepare(data_dir, CIFAR10, download=False, verify_checksum=True)
+        prepare(data_dir, DATASET, download=False, verify_checksum=True)
     message = str(error.value)
-    assert str(path) in message and CIFAR10.md5 in message and "data.verify_checksum" in message
+    assert str(path) in message and DATASET.md5 in message and "data.verify_checksum" in message
     assert archive.calculate_md5(str(path)) in message
-    assert not cache_dir(data_dir, CIFAR10).exists()
+    assert not cache_dir(data_dir, DATASET).exists()
 
 
 def test_a_truncated_archive_is_refused_and_leaves_no_cache(data_dir):
-    path = data_dir / CIFAR10.archive_name
+    path = data_dir / DATASET.archive_name
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(DataError, match="cifar-10-python.tar.gz"):
-        prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
-    assert sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(".")) == [CIFAR10.archive_name]
+    with pytest.raises(DataError, match=f"{DATASET.archive_name} is damaged"):
+        prepare(data_dir, DATASET, download=False, verify_checksum=False)
+    assert sorted(p.name for p in data_dir.iterdir() if not p.name.startswith(".")) == [DATASET.archive_name]
 
 
 def test_a_foreign_pickle_in_the_archive_is_refused(tmp_path):
-    write_tiny_archive(tmp_path)
+    write_tiny_archive(tmp_path, CIFAR10)
     path = tmp_path / CIFAR10.archive_name
     with tarfile.open(path) as tar:
         files = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
@@ -127,7 +127,7 @@ def test_failed_download_says_where_to_put_it_and_leaves_nothing(tmp_path, monke
 @pytest.fixture
 def mirror(tmp_path):
     """A local HTTP server (loopback only) serving a tiny archive, standing in for the official host."""
-    source = write_tiny_archive(tmp_path / "mirror")
+    source = write_tiny_archive(tmp_path / "mirror", CIFAR10)
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(source.parent))
     handler.log_message = lambda *args: None
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)

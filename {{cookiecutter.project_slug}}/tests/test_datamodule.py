@@ -4,6 +4,8 @@ import torch
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.archive import DataError
 
+from .conftest import DATASET
+
 
 def ready(data_dir, **kwargs):
     dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, **kwargs)
@@ -50,7 +52,7 @@ def test_names_and_classes_come_from_the_data():
 
 def test_class_names_must_match_the_archive(data_dir):
     with pytest.raises(DataError, match="set data.class_names"):
-        ready(data_dir, class_names=[f"c{i}" for i in range(10)])
+        ready(data_dir, class_names=[f"c{i}" for i in range(len(DATASET.class_names))])
 
 
 def test_batch_larger_than_the_training_set_is_refused(data_dir):
