@@ -66,14 +66,15 @@ def slug_problem(slug: str) -> str | None:
 
 
 def main() -> int:
-    problems = [
-        problem
-        for problem in (slug_problem(ANSWERS["project_slug"]), import_name_problem(ANSWERS["import_name"]))
-        if problem
-    ]
-    for problem in problems:
+    slug, import_name = ANSWERS["project_slug"], ANSWERS["import_name"]
+    problem = slug_problem(slug)
+    if problem is None or import_name != slug.replace("-", "_"):
+        # An import name derived from a refused slug would only repeat the slug's problem.
+        problem = problem or import_name_problem(import_name)
+    if problem:
         print(f"ERROR: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Tests of the template: renders, refused answers, and rendered projects installed and run."""

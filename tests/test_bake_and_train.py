@@ -1,0 +1,88 @@
+"""Render, install, run the rendered project's own tests, and train it as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+RENDERS = [
+    pytest.param({"project_name": "Baked Default"}, id="defaults"),
+    pytest.param({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, id="cifar100-resnet18"),
+]
+
+
+def run(*command: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning"}
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture
+def installed(bake, request):
+    """A rendered project installed into this environment (and uninstalled afterwards)."""
+    project = bake(**request.param)
+    run(sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", f"{project}[dev]", cwd=project)
+    yield project
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", project.name], check=False)
+
+
+@pytest.mark.parametrize("installed", RENDERS, indirect=True)
+def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
+    project = installed
+    package = next((project / "src").iterdir()).name
+    dataset = yaml.safe_load(next((project / "configs").glob("cifar*.yaml")).read_text())["data"]["dataset"]
+
+    tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=project)
+    assert " passed" in tests.stdout and "failed" not in tests.stdout
+
+    # A tiny archive in the official on-disk format, written by the project's own packer.
+    data_dir = tmp_path / "data"
+    pack = (
+        "import sys, numpy as np\n"
+        f"from {package}.data.cifar_format import FORMATS, write_archive\n"
+        f"fmt = FORMATS['{dataset}']\n"
+        "rng = np.random.default_rng(0)\n"
+        "x = rng.integers(0, 256, (160, 3, 32, 32), dtype=np.uint8)\n"
+        "y = rng.integers(0, len(fmt.class_names), 160)\n"
+        "write_archive(sys.argv[1] + '/' + fmt.archive_name, fmt, x[:128], y[:128], x[128:], y[128:])\n"
+    )
+    data_dir.mkdir()
+    run(sys.executable, "-c", pack, str(data_dir), cwd=tmp_path)
+
+    config = project / "configs" / f"{dataset}.yaml"
+    fit = run(
+        sys.executable, str(project / "main.py"), "fit", "--config", str(config),
+        f"--data.data_dir={data_dir}", "--data.verify_checksum=false", "--data.val_size=32",
+        "--data.batch_size=32", "--data.num_workers=0", "--trainer.accelerator=cpu",
+        "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1",
+        *(["--model.width=8"] if "fastcnn" in config.read_text() else []),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert "`Trainer.fit` stopped: `max_epochs=1` reached." in fit.stderr + fit.stdout
+
+    (run_dir,) = [p.parent for p in (tmp_path / "runs" / dataset).glob("*/config.yaml")]
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["data"]["dataset"] == dataset and saved["data"]["data_dir"] == str(data_dir)
+    assert list(run_dir.glob("events.out.tfevents.*"))
+
+    check = (
+        "import sys, torch\n"
+        f"from {package}.models import ImageClassifier\n"
+        "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+        "model = ImageClassifier.load_from_checkpoint(sys.argv[1] + '/checkpoints/last.ckpt')\n"
+        "print('logits', tuple(model(torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).shape))\n"
+        "events = EventAccumulator(sys.argv[1]); events.Reload()\n"
+        "print('scalars', sorted(events.Tags()['scalars']))\n"
+    )
+    loaded = run(sys.executable, "-c", check, str(run_dir), cwd=tmp_path)
+    num_classes = 10 if dataset == "cifar10" else 100
+    assert f"logits (2, {num_classes})" in loaded.stdout
+    assert "'val/top1'" in loaded.stdout and "'train/loss_step'" in loaded.stdout
