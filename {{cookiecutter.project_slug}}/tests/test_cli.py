@@ -43,9 +43,17 @@ def test_fit_writes_checkpoints_logs_and_config(trained):
     model = ImageClassifier.load_from_checkpoint(last)
     assert model.hparams.width == 4 and model.class_names == list(DATASET.class_names)
     assert model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8)).shape == (1, len(DATASET.class_names))
-    events = EventAccumulator(str(run_dir))
+    events = EventAccumulator(str(run_dir), size_guidance={"histograms": 0, "images": 0, "scalars": 0})
     events.Reload()
-    assert {"val/top1", "val/top5", "val/loss", "train/loss_step", "train/top1"} <= set(events.Tags()["scalars"])
+    tags = events.Tags()
+    assert {"val/top1", "val/top5", "val/loss", "train/loss_step", "train/top1"} <= set(tags["scalars"])
+    # The default callbacks, as configured in the default config.
+    assert {"lr-SGD", "amp/skipped_steps", "grad_norm/total", "train/device/samples_per_sec"} <= set(tags["scalars"])
+    assert f"val_class_top1/{DATASET.class_names[0]}" in tags["scalars"]
+    assert [e.step for e in events.Histograms("gradients/backbone.0.weight")] == [0]
+    assert [e.step for e in events.Histograms("weights/backbone.0.weight")] == [0]
+    assert {"samples/train_augmented", "val/confusion_matrix"} <= set(tags["images"])
+    assert [e.step for e in events.Images("val/confusion_matrix")] == [checkpoint["global_step"]]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["model"]["width"] == 4 and config["data"]["batch_size"] == 16
     assert run_dir.name == config["trainer"]["logger"]["init_args"]["version"]

@@ -89,7 +89,9 @@ class ImageClassifier(L.LightningModule):
         """Logits for a batch of uint8 images of shape (N, 3, 32, 32)."""
         return self.backbone(self.normalize(images))
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str) -> Tensor:
+    def _shared_step(
+        self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str
+    ) -> tuple[Tensor, Tensor]:
         images, labels = batch
         logits = self(images)
         loss = self.criterion(logits, labels)
@@ -97,13 +99,14 @@ class ImageClassifier(L.LightningModule):
         on_step = stage == "train"
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step)
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train")
-        return loss
+        return loss, logits
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._shared_step(batch, self.train_metrics, "train")
+        return self._shared_step(batch, self.train_metrics, "train")[0]
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._shared_step(batch, self.val_metrics, "val")
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Returns the logits, for callbacks such as the confusion matrix."""
+        return self._shared_step(batch, self.val_metrics, "val")[1].detach()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, self.test_metrics, "test")

@@ -1,0 +1,9 @@
+"""Callbacks that make training observable; each is configured under ``trainer.callbacks``."""
+
+from .confusion_matrix import ConfusionMatrix
+from .grad_scale_watchdog import GradScaleWatchdog
+from .gradient_histograms import GradientHistograms
+from .sample_grid import SampleGrid
+from .throughput import ImageThroughput
+
+__all__ = ["ConfusionMatrix", "GradScaleWatchdog", "GradientHistograms", "ImageThroughput", "SampleGrid"]

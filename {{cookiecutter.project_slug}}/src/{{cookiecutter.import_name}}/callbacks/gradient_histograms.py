@@ -1,0 +1,75 @@
+"""Per-layer histograms of weights and gradients, and gradient norms, every N optimizer steps.
+
+Gradients are read in ``on_before_optimizer_step``: under fp16 AMP the scaler has unscaled them
+by then (in ``on_after_backward`` they are still multiplied by the loss scale), and with gradient
+accumulation it fires once per step, with the accumulated gradients. Non-finite values (a step
+the scaler will skip) are counted and left out of the histogram: TensorBoard refuses to draw an
+all-inf histogram, and a logging callback must never end a run.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from .tensorboard import tensorboard_writers
+
+
+class GradientHistograms(L.Callback):
+    """Log ``weights/<name>`` and ``gradients/<name>`` histograms and ``grad_norm/*`` scalars."""
+
+    def __init__(self, every_n_steps: int = 200, log_weights: bool = True, log_norms: bool = True) -> None:
+        """Configure the cadence.
+
+        Args:
+            every_n_steps: Log every this many optimizer steps (and at step 0); 0 turns the callback off.
+            log_weights: Also log histograms of the weights themselves.
+            log_norms: Log the global and per-layer gradient L2 norms as scalars (works with any logger).
+        """
+        if every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be 0 (off) or positive, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.log_weights = log_weights
+        self.log_norms = log_norms
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:  # noqa: ANN001
+        if not self.every_n_steps or trainer.global_step % self.every_n_steps or not trainer.is_global_zero:
+            return
+        step = trainer.global_step
+        writers = tensorboard_writers(trainer, self, "weight and gradient histograms")
+        scalars: dict[str, float] = {}
+        squared_norms = []
+        nonfinite_total = 0
+        for name, parameter in pl_module.named_parameters():
+            if self.log_weights:
+                self._histogram(writers, f"weights/{name}", parameter, step)
+            if parameter.grad is None:
+                continue
+            grad = parameter.grad.detach().float()
+            finite = torch.isfinite(grad)
+            nonfinite = int((~finite).sum())
+            nonfinite_total += nonfinite
+            if nonfinite:
+                scalars[f"grad_nonfinite/{name}"] = float(nonfinite)
+            finite_grad = grad[finite]
+            if self.log_norms:
+                norm = torch.linalg.vector_norm(finite_grad)
+                squared_norms.append(norm.square())
+                scalars[f"grad_norm/{name}"] = float(norm)
+            self._histogram(writers, f"gradients/{name}", finite_grad, step)
+        if self.log_norms and squared_norms:
+            scalars["grad_norm/total"] = float(torch.stack(squared_norms).sum().sqrt())
+        scalars["grad_nonfinite/total"] = float(nonfinite_total)
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+
+    @staticmethod
+    def _histogram(writers: list, tag: str, values: Tensor, step: int) -> None:
+        values = values.detach().float()
+        values = values[torch.isfinite(values)]
+        if values.numel() == 0 or not writers:
+            return
+        values = values.cpu()
+        for writer in writers:
+            writer.add_histogram(tag, values, step)

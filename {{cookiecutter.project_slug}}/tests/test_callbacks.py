@@ -1,0 +1,149 @@
+"""The observability callbacks, each checked by reading back what it logged."""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.plugins import MixedPrecision
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from {{ cookiecutter.import_name }}.callbacks import ConfusionMatrix, GradScaleWatchdog, GradientHistograms, SampleGrid
+from {{ cookiecutter.import_name }}.data import CifarDataModule
+from {{ cookiecutter.import_name }}.models import ImageClassifier
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning")
+
+
+def read_events(directory) -> EventAccumulator:
+    events = EventAccumulator(str(directory), size_guidance={"histograms": 0, "images": 0, "scalars": 0})
+    events.Reload()
+    return events
+
+
+def tiny_fit(data_dir, tmp_path, callbacks, max_steps=4, optimizer=None, ckpt_path=None, **trainer_kwargs):
+    """A real in-process fit of a tiny model; returns the trainer."""
+    data = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, batch_size=16, val_size=32)
+    model = ImageClassifier(
+        num_classes=data.num_classes, class_names=data.class_names, backbone="fastcnn", width=4, optimizer=optimizer
+    )
+    trainer_kwargs.setdefault("logger", TensorBoardLogger(tmp_path, name="tb", version=0))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=max_steps,
+        limit_val_batches=2,
+        num_sanity_val_steps=0,
+        val_check_interval=max_steps,
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=callbacks,
+        **trainer_kwargs,
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_histograms_and_norms_every_n_steps(data_dir, tmp_path):
+    trainer = tiny_fit(data_dir, tmp_path, [GradientHistograms(every_n_steps=2)], max_steps=5)
+    events = read_events(trainer.logger.log_dir)
+    histograms = events.Tags()["histograms"]
+    assert "weights/backbone.0.weight" in histograms and "gradients/backbone.0.weight" in histograms
+    assert [e.step for e in events.Histograms("gradients/backbone.0.weight")] == [0, 2, 4]
+    total = events.Scalars("grad_norm/total")
+    assert [e.step for e in total] == [0, 2, 4] and all(e.value > 0 for e in total)
+    assert all(e.value == 0 for e in events.Scalars("grad_nonfinite/total"))
+
+
+def test_nonfinite_gradients_are_counted_not_drawn(tmp_path):
+    module = torch.nn.Linear(3, 2)
+    module.weight.grad = torch.full((2, 3), float("inf"))
+    module.bias.grad = torch.tensor([1.0, float("nan")])
+    logger = TensorBoardLogger(tmp_path, name="tb", version=0)
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[logger])
+    GradientHistograms(every_n_steps=1).on_before_optimizer_step(trainer, module, optimizer=None)
+    logger.experiment.flush()
+    events = read_events(logger.log_dir)
+    assert events.Scalars("grad_nonfinite/total")[0].value == 7
+    assert events.Scalars("grad_nonfinite/weight")[0].value == 6
+    assert "gradients/weight" not in events.Tags()["histograms"]  # all inf: nothing finite to draw
+    assert "gradients/bias" in events.Tags()["histograms"]
+
+
+def test_without_tensorboard_it_warns_once_and_keeps_the_scalars(data_dir, tmp_path):
+    logger = CSVLogger(tmp_path, name="csv", version=0)
+    with pytest.warns(UserWarning, match="no TensorBoardLogger attached") as warned:
+        tiny_fit(data_dir, tmp_path, [GradientHistograms(every_n_steps=1)], max_steps=3, logger=logger)
+    assert sum("no TensorBoardLogger" in str(w.message) for w in warned) == 1
+    header = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert "grad_norm/total" in header
+
+
+def test_sample_grid_and_confusion_matrix(data_dir, tmp_path):
+    trainer = tiny_fit(data_dir, tmp_path, [SampleGrid(num_images=16, images_per_row=4), ConfusionMatrix()])
+    events = read_events(trainer.logger.log_dir)
+    (grid,) = events.Images("samples/train_augmented")
+    assert grid.step == 0 and grid.width == 4 * 34 + 2 and grid.height == 4 * 34 + 2
+    (figure,) = events.Images("val/confusion_matrix")
+    assert figure.step == 4
+    per_class = [tag for tag in events.Tags()["scalars"] if tag.startswith("val_class_top1/")]
+    assert len(per_class) == trainer.datamodule.num_classes
+
+
+def fp16_on_cpu(init_scale: float) -> MixedPrecision:
+    """A real fp16 GradScaler on CPU (``precision="16-mixed"`` alone would become bf16 there)."""
+    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale))
+
+
+def test_watchdog_logs_the_scale_of_a_healthy_fp16_run(data_dir, tmp_path):
+    watchdog = GradScaleWatchdog()
+    trainer = tiny_fit(data_dir, tmp_path, [watchdog], plugins=[fp16_on_cpu(2.0**10)])
+    events = read_events(trainer.logger.log_dir)
+    assert [e.value for e in events.Scalars("amp/scale")] == [2.0**10] * 4
+    assert watchdog.skipped_steps == 0 and not trainer.should_stop
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # skipped steps
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning")  # the resume
+@pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch ended")
+def test_watchdog_stops_after_consecutive_overflows_and_the_checkpoint_resumes(data_dir, tmp_path):
+    watchdog = GradScaleWatchdog(max_consecutive_skips=3)
+    with pytest.warns(UserWarning, match="stopped training at step 3 after 3 optimizer steps in a row were skipped"):
+        trainer = tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
+    assert trainer.global_step == 3 and watchdog.skipped_steps == 3
+    events = read_events(trainer.logger.log_dir)
+    scales = [e.value for e in events.Scalars("amp/scale")]
+    assert scales == sorted(scales, reverse=True) and scales[0] < 1e38  # halved on every skipped step
+    checkpoint = torch.load(watchdog.stop_checkpoint, weights_only=True)
+    assert checkpoint["global_step"] == 3
+
+    resumed = GradScaleWatchdog(max_consecutive_skips=3)
+    trainer = tiny_fit(
+        data_dir, tmp_path, [resumed], max_steps=5, plugins=[fp16_on_cpu(2.0**10)], ckpt_path=watchdog.stop_checkpoint
+    )
+    # The restored scaler state still overflows: the restored count (3) goes on from there.
+    assert trainer.global_step == 5 and resumed.skipped_steps == 5
+
+
+def test_watchdog_without_a_scaler_watches_the_loss(data_dir, tmp_path):
+    watchdog = GradScaleWatchdog(max_consecutive_skips=2)
+    trainer = tiny_fit(data_dir, tmp_path, [watchdog])
+    assert watchdog.skipped_steps == 0 and trainer.global_step == 4
+    events = read_events(trainer.logger.log_dir)
+    assert "amp/scale" not in events.Tags()["scalars"] and "amp/skipped_steps" in events.Tags()["scalars"]
+
+
+def test_watchdog_stops_a_diverged_fp32_run(data_dir, tmp_path):
+    watchdog = GradScaleWatchdog(max_consecutive_skips=2)
+    with pytest.warns(UserWarning, match="optimizer steps in a row were skipped"):
+        trainer = tiny_fit(
+            data_dir, tmp_path, [watchdog], max_steps=8, optimizer=functools.partial(torch.optim.SGD, lr=1e30)
+        )
+    assert trainer.global_step < 8 and watchdog.skipped_steps >= 2
+    # weights_only=False: this test's optimizer is a functools.partial, which lands in the hparams
+    assert torch.load(watchdog.stop_checkpoint, weights_only=False)["global_step"] == trainer.global_step
