@@ -19,16 +19,22 @@ from .tensorboard import tensorboard_writers
 class GradientHistograms(L.Callback):
     """Log ``weights/<name>`` and ``gradients/<name>`` histograms and ``grad_norm/*`` scalars."""
 
-    def __init__(self, every_n_steps: int = 200, log_weights: bool = True, log_norms: bool = True) -> None:
+    def __init__(
+        self, every_n_steps: int = 200, log_weights: bool = True, log_norms: bool = True, bins: int = 64
+    ) -> None:
         """Configure the cadence.
 
         Args:
             every_n_steps: Log every this many optimizer steps (and at step 0); 0 turns the callback off.
             log_weights: Also log histograms of the weights themselves.
             log_norms: Log the global and per-layer gradient L2 norms as scalars (works with any logger).
+            bins: Number of histogram bins.
         """
         if every_n_steps < 0:
             raise ValueError(f"every_n_steps must be 0 (off) or positive, got {every_n_steps}")
+        if bins < 1:
+            raise ValueError(f"bins must be positive, got {bins}")
+        self.bins = bins
         self.every_n_steps = every_n_steps
         self.log_weights = log_weights
         self.log_norms = log_norms
@@ -64,12 +70,26 @@ class GradientHistograms(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
 
-    @staticmethod
-    def _histogram(writers: list, tag: str, values: Tensor, step: int) -> None:
-        values = values.detach().float()
+    def _histogram(self, writers: list, tag: str, values: Tensor, step: int) -> None:
+        """Bin on the tensor's own device and send only the bins: copying millions of values to
+        the host for TensorBoard to bin with numpy costs ~100x more."""
+        values = values.detach().float().flatten()
         values = values[torch.isfinite(values)]
         if values.numel() == 0 or not writers:
             return
-        values = values.cpu()
+        low, high = values.min(), values.max()
+        counts = torch.histc(values, bins=self.bins, min=float(low), max=float(high))
+        edges = torch.linspace(float(low), float(high), self.bins + 1, device=values.device)[1:]
+        summary = torch.stack([low, high, values.sum(), values.square().sum()]).tolist()
         for writer in writers:
-            writer.add_histogram(tag, values, step)
+            writer.add_histogram_raw(
+                tag,
+                min=summary[0],
+                max=summary[1],
+                num=values.numel(),
+                sum=summary[2],
+                sum_squares=summary[3],
+                bucket_limits=edges.tolist(),
+                bucket_counts=counts.tolist(),
+                global_step=step,
+            )
