@@ -23,11 +23,17 @@ CONFIG_FILENAME = "config.yaml"
 
 
 class KeepFirstConfig(SaveConfigCallback):
-    """Save ``config.yaml`` once per run directory; a resumed run keeps the original record.
+    """Save ``config.yaml`` and ``config_hash.txt`` once per run directory; record the hash everywhere.
 
     The directory is named by the config's hash, so a config already there describes the
-    same computation. Rank 0 looks, then broadcasts, as the parent class does.
+    same computation and a resumed run keeps the original record. Rank 0 looks, then
+    broadcasts, as the parent class does. The full hash also goes to the logger's
+    hyperparameters and into every checkpoint.
     """
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(json.loads(self.parser.dump(self.config, format="json", skip_check=True)))
 
     def setup(self, trainer, pl_module, stage: str) -> None:  # noqa: ANN001 - Lightning's signature
         if not self.already_saved:
@@ -35,6 +41,14 @@ class KeepFirstConfig(SaveConfigCallback):
             exists = os.path.isfile(os.path.join(log_dir, self.config_filename)) if trainer.is_global_zero else False
             self.already_saved = trainer.strategy.broadcast(exists)
         super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:  # noqa: ANN001 - rank 0 only
+        Path(trainer.log_dir, "config_hash.txt").write_text(self.config_hash + "\n")
+        for logger in trainer.loggers:
+            logger.log_hyperparams({"config_hash": self.config_hash})
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:  # noqa: ANN001
+        checkpoint["config_hash"] = self.config_hash
 
 
 class TrainerCLI(LightningCLI):

@@ -3,7 +3,8 @@
 from .confusion_matrix import ConfusionMatrix
 from .grad_scale_watchdog import GradScaleWatchdog
 from .gradient_histograms import GradientHistograms
+from .model_report import ModelReport
 from .sample_grid import SampleGrid
 from .throughput import ImageThroughput
 
-__all__ = ["ConfusionMatrix", "GradScaleWatchdog", "GradientHistograms", "ImageThroughput", "SampleGrid"]
+__all__ = ["ConfusionMatrix", "GradScaleWatchdog", "GradientHistograms", "ImageThroughput", "ModelReport", "SampleGrid"]

@@ -1,0 +1,64 @@
+"""Parameters, MACs and FLOPs per image, counted without touching the model.
+
+thop counts multiply-accumulates by module type, and leaves ``total_ops``/``total_params``
+buffers on every module it visits, so it always profiles a deep copy. PyTorch's own
+``FlopCounterMode`` counts FLOPs by operator; comparing the two catches a layer either
+one miscounts.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one image costs to classify."""
+
+    params: int
+    macs_per_image: int
+    flops_per_image: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (
+            f"{self.params / 1e6:.3f} M parameters, {self.macs_per_image / 1e6:.1f} M MACs "
+            f"({self.flops_per_image / 1e9:.3f} GFLOPs) per image"
+        )
+
+
+def example_images(batch: int = 1) -> torch.Tensor:
+    return torch.zeros(batch, 3, 32, 32, dtype=torch.uint8)
+
+
+def thop_macs_and_params(model: nn.Module) -> tuple[int, int]:
+    """thop's MAC and parameter counts for one image, on a copy of ``model``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # thop imports distutils' LooseVersion
+        import thop
+
+    probe = copy.deepcopy(model).cpu().eval()
+    macs, params = thop.profile(probe, inputs=(example_images(),), verbose=False)
+    return int(macs), int(params)
+
+
+def torch_flops(model: nn.Module) -> int:
+    """FLOPs of one image's forward pass, by PyTorch's operator-level counter."""
+    probe = copy.deepcopy(model).cpu().eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        probe(example_images())
+    return int(counter.get_total_flops())
+
+
+def model_cost(model: nn.Module) -> ModelCost:
+    macs, _ = thop_macs_and_params(model)
+    params = sum(p.numel() for p in model.parameters())
+    return ModelCost(params=params, macs_per_image=macs, flops_per_image=2 * macs)
