@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        cost = model_cost(model)
+        cost = model_cost(model.network())
         card = build_card(model, checkpoint, args.ckpt_path, output, cost, parity)
         json_card, markdown_card = write_card(card, output)
     except ExportError as error:

@@ -61,16 +61,22 @@ FAST_ARGS = [
 ]
 
 
-def run_cli(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``python main.py ARGS`` in ``cwd`` exactly as a user would type it."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning"}
+def cli_env() -> dict[str, str]:
+    """The environment for CLI subprocesses: ``tests.probes`` importable, upstream noise muted."""
+    return {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "PYTHONPATH": str(PROJECT_ROOT)}
+
+
+def run_cli(
+    *args: str, cwd: Path, check: bool = True, timeout: float = 300, launcher: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """Run ``python [launcher] main.py ARGS`` in ``cwd`` exactly as a user would type it."""
     result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
+        [sys.executable, *launcher, str(PROJECT_ROOT / "main.py"), *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=cli_env(),
     )
     if check and result.returncode != 0:
         raise AssertionError(f"main.py {' '.join(args)} exited {result.returncode}:\n{result.stderr[-4000:]}")

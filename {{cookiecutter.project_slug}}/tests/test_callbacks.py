@@ -65,7 +65,7 @@ def test_nonfinite_gradients_are_counted_not_drawn(tmp_path):
     module.weight.grad = torch.full((2, 3), float("inf"))
     module.bias.grad = torch.tensor([1.0, float("nan")])
     logger = TensorBoardLogger(tmp_path, name="tb", version=0)
-    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[logger])
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[logger], fast_dev_run=False)
     GradientHistograms(every_n_steps=1).on_before_optimizer_step(trainer, module, optimizer=None)
     logger.experiment.flush()
     events = read_events(logger.log_dir)

@@ -146,3 +146,24 @@ def test_bad_config_is_refused_with_the_key_named(tmp_path, monkeypatch, capsys,
         TrainerCLI(args=["fit", "--config", str(default_config()), arg])
     assert exit_info.value.code != 0 and complaint in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning")
+@pytest.mark.parametrize("preset", ["fast_dev_run", "debug"])
+def test_small_presets_stack_on_the_default_config(tmp_path, monkeypatch, preset):
+    write_tiny_archive(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["main.py"])
+    preset_path = PROJECT_ROOT / "configs" / "presets" / f"{preset}.yaml"
+    cli = TrainerCLI(args=["fit", "--config", str(default_config()), "--config", str(preset_path), *FAST_ARGS, "--data.data_dir=data"])
+    assert cli.trainer.state.finished
+    if preset == "debug":
+        assert cli.trainer.global_step == 10 and cli.trainer._detect_anomaly
+    else:
+        assert cli.trainer.global_step == 2 and not list(tmp_path.glob("runs/*/*/checkpoints/*.ckpt"))
+
+
+def test_slurm_script_is_valid_bash():
+    script = PROJECT_ROOT / "scripts" / "slurm.sbatch"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    assert "--config configs/presets/ddp.yaml" in script.read_text()

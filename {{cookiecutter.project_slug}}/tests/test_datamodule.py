@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -64,3 +66,28 @@ def test_batch_larger_than_the_training_set_is_refused(data_dir):
 def test_bad_arguments_are_refused(key, value):
     with pytest.raises(ValueError, match=f"data.{key}"):
         CifarDataModule(**{key: value})
+
+
+def test_global_batch_size_is_split_over_devices_or_refused(data_dir):
+    two_devices = SimpleNamespace(world_size=2, global_rank=1)
+    dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=32)
+    dm.trainer = two_devices
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.batch_size == 16
+    odd = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=33)
+    odd.trainer = two_devices
+    with pytest.raises(DataError, match="data.global_batch_size=33 does not divide over 2 devices"):
+        odd.setup("fit")
+
+
+def test_distributed_evaluation_shards_are_disjoint_and_unpadded(data_dir):
+    shards = []
+    for rank in (0, 1):
+        dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=31, eval_batch_size=8)
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+        dm.prepare_data()
+        dm.setup("validate")
+        shards.append([i for batch in dm.val_dataloader().batch_sampler for i in batch])
+    assert len(shards[0]) + len(shards[1]) == 31  # 16 + 15: nothing repeated to even them out
+    assert set(shards[0]) | set(shards[1]) == set(range(31))

@@ -115,14 +115,14 @@ def test_an_exporter_failure_is_reported_and_leaves_nothing(checkpoint, tmp_path
 def test_thop_agrees_with_the_torch_flop_counter_and_leaves_the_model_alone(backbone):
     model = ImageClassifier(num_classes=10, backbone=backbone, width=16 if backbone == "fastcnn" else 64)
     keys = set(model.state_dict())
-    macs, params = thop_macs_and_params(model)
-    flops = torch_flops(model)
+    macs, params = thop_macs_and_params(model.network())
+    flops = torch_flops(model.network())
     assert params == sum(p.numel() for p in model.parameters())
     # thop also counts BatchNorm, activations and pooling; convolutions and matmuls dominate.
     assert flops / 2 <= macs <= 1.05 * flops / 2
     assert set(model.state_dict()) == keys  # no total_ops/total_params buffers left behind
     assert not any(hasattr(m, "total_ops") for m in model.modules())
-    assert model_cost(model).macs_per_image == macs
+    assert model_cost(model.network()).macs_per_image == macs
 
 
 def test_thop_would_pollute_a_model_it_profiles_directly():

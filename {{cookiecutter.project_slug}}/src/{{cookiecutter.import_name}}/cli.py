@@ -37,13 +37,13 @@ class KeepFirstConfig(SaveConfigCallback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:  # noqa: ANN001 - Lightning's signature
         if not self.already_saved:
-            log_dir = trainer.log_dir
-            exists = os.path.isfile(os.path.join(log_dir, self.config_filename)) if trainer.is_global_zero else False
+            self.log_dir = trainer.log_dir  # a collective call: every rank makes it, here
+            exists = os.path.isfile(os.path.join(self.log_dir, self.config_filename)) if trainer.is_global_zero else False
             self.already_saved = trainer.strategy.broadcast(exists)
         super().setup(trainer, pl_module, stage)
 
-    def save_config(self, trainer, pl_module, stage: str) -> None:  # noqa: ANN001 - rank 0 only
-        Path(trainer.log_dir, "config_hash.txt").write_text(self.config_hash + "\n")
+    def save_config(self, trainer, pl_module, stage: str) -> None:  # noqa: ANN001 - rank 0 only: no collectives
+        Path(self.log_dir, "config_hash.txt").write_text(self.config_hash + "\n")
         for logger in trainer.loggers:
             logger.log_hyperparams({"config_hash": self.config_hash})
 
@@ -86,8 +86,11 @@ class TrainerCLI(LightningCLI):
                 args.save_dir, args.name = str(ckpt.parent.parent), subcommand
             if args.get("version") is None:
                 args.version = short_hash
-            return Path(args.save_dir, args.get("name") or "", str(args.version))
-        run_dir = Path(trainer.default_root_dir or "runs", short_hash)
+            run_dir = Path(args.save_dir, args.get("name") or "", str(args.version))
+        else:
+            run_dir = Path(trainer.default_root_dir or "runs", short_hash)
+        # Lightning's own files (SLURM's hpc_ckpt_*.ckpt, profiler output) go here too, so that a
+        # SLURM job auto-resumes only a run of its own config.
         trainer.default_root_dir = str(run_dir)
         return run_dir
 

@@ -22,7 +22,7 @@ class ModelReport(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        cost = model_cost(pl_module)
+        cost = model_cost(pl_module.network())
         rank_zero_info(f"ModelReport: {cost.describe()}")
         for logger in trainer.loggers:
             logger.log_hyperparams({f"model/{key}": value for key, value in cost.as_dict().items()})

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 import numpy as np
 import torch
 from torch import Tensor
@@ -25,6 +26,7 @@ class CifarDataModule(L.LightningDataModule):
         dataset: Literal["cifar10", "cifar100"] = "{{ cookiecutter.dataset }}",
         data_dir: str = "data",
         batch_size: int = 512,
+        global_batch_size: int | None = None,
         eval_batch_size: int | None = None,
         num_workers: int = 2,
         val_size: int = 5000,
@@ -42,6 +44,8 @@ class CifarDataModule(L.LightningDataModule):
             dataset: Which archive to use; its official file name is looked for in ``data_dir``.
             data_dir: Folder holding the archive (downloaded there if absent) and its converted cache.
             batch_size: Training images per batch and per device (the global batch is this times the world size).
+            global_batch_size: Training images per optimizer step over all devices; if set, it replaces
+                batch_size, which becomes this divided by the number of devices (it must divide evenly).
             eval_batch_size: Images per validation/test/predict batch; defaults to ``batch_size``.
             num_workers: DataLoader worker processes gathering batches from the memory map.
             val_size: Training images held out for validation; 0 validates on the test set instead.
@@ -58,7 +62,8 @@ class CifarDataModule(L.LightningDataModule):
         self.save_hyperparameters(ignore=["class_names"])
         if dataset not in FORMATS:
             raise ValueError(f"data.dataset must be one of {sorted(FORMATS)}, got {dataset!r}")
-        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size or 1)):
+        sizes = (("batch_size", batch_size), ("global_batch_size", global_batch_size or 1), ("eval_batch_size", eval_batch_size or 1))
+        for name, value in sizes:
             if value < 1:
                 raise ValueError(f"data.{name} must be a positive integer, got {value}")
         if val_size < 0:
@@ -66,6 +71,7 @@ class CifarDataModule(L.LightningDataModule):
         self.format = FORMATS[dataset]
         self.data_dir = Path(data_dir)
         self.batch_size = batch_size
+        self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.val_size = val_size
@@ -103,6 +109,13 @@ class CifarDataModule(L.LightningDataModule):
         self.test_set = MemmapBatches(test.images, test.labels)
         self.val_set = MemmapBatches(train.images, train.labels, held_out) if self.val_size else self.test_set
         world_size = self.trainer.world_size if self.trainer is not None else 1
+        if self.global_batch_size is not None:
+            if self.global_batch_size % world_size:
+                raise DataError(
+                    f"data.global_batch_size={self.global_batch_size} does not divide over {world_size} devices; "
+                    f"use a multiple of {world_size}, or set data.batch_size per device instead"
+                )
+            self.batch_size = self.global_batch_size // world_size
         if stage == "fit" and len(self.train_set) < self.batch_size * world_size:
             raise DataError(
                 f"data.batch_size={self.batch_size} per device x {world_size} devices is more than the "
@@ -112,10 +125,19 @@ class CifarDataModule(L.LightningDataModule):
         self.augment.seed(torch.initial_seed() + rank)
 
     def _loader(self, dataset: MemmapBatches, batch_size: int, train: bool) -> DataLoader:
+        sampler = None
+        if not train and self.trainer is not None and self.trainer.world_size > 1:
+            # Disjoint, unpadded shards: each image is evaluated exactly once over all ranks, so the
+            # synchronized metrics equal a single-process evaluation. (Lightning's default would pad
+            # the shards with repeated images.) Training shards come from Lightning's DistributedSampler.
+            sampler = UnrepeatedDistributedSampler(
+                dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
+            )
         return DataLoader(
             dataset,
             batch_size=batch_size,
             shuffle=train,
+            sampler=sampler,
             drop_last=train,
             num_workers=self.num_workers,
             collate_fn=keep_batch,

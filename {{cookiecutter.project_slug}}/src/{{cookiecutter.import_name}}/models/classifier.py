@@ -89,6 +89,10 @@ class ImageClassifier(L.LightningModule):
         """Logits for a batch of uint8 images of shape (N, 3, 32, 32)."""
         return self.backbone(self.normalize(images))
 
+    def network(self) -> nn.Sequential:
+        """The inference network alone (shared modules, no trainer attached): safe to copy and profile."""
+        return nn.Sequential(self.normalize, self.backbone)
+
     def _shared_step(
         self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str
     ) -> tuple[Tensor, Tensor]:
