@@ -34,14 +34,14 @@ SHADOWED_PACKAGES = {
 }
 
 SLUG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-IMPORT_NAME_PATTERN = re.compile(r"[a-z_][a-z0-9_]*")
+IMPORT_NAME_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 
 
 def import_name_problem(name: str) -> str | None:
     """Say why ``name`` cannot be the rendered package's import name, or return None."""
     if not IMPORT_NAME_PATTERN.fullmatch(name):
         return (
-            f"import_name {name!r} is not a valid lowercase Python identifier "
+            f"import_name {name!r} is not a valid lowercase Python identifier of at most 40 characters "
             "(letters a-z, digits and underscores, not starting with a digit); "
             "pass e.g. import_name=my_project"
         )

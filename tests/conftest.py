@@ -48,12 +48,16 @@ def run_cookiecutter_cli(*args: str, cwd: Path, config: Path) -> subprocess.Comp
 
 def template_as_git_repo(destination: Path) -> str:
     """A bare git repository of the template's current files, standing in for ``gh:owner/repo``."""
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=TEMPLATE,
-        capture_output=True,
-        check=True,
-    ).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=TEMPLATE,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     work = destination / "work"
     for name in filter(None, files):
         if (TEMPLATE / name).is_file():

@@ -14,14 +14,18 @@ pytestmark = pytest.mark.slow
 
 RENDERS = [
     pytest.param({"project_name": "Baked Default"}, id="defaults"),
-    pytest.param({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, id="cifar100-resnet18"),
+    pytest.param(
+        {"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, id="cifar100-resnet18"
+    ),
 ]
 
 
 def run(*command: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning"}
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, (
+        f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     return result
 
 

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import json
+import re
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
+from cookiecutter.main import cookiecutter
 
-from .conftest import template_as_git_repo
+from .conftest import TEMPLATE, template_as_git_repo
+
+# The answers record (cookiecutter's replay format) and the README section on updating from the
+# template name cookiecutter on purpose; elsewhere the word would be a leftover.
+DOCUMENTS_THE_RENDER = {".cookiecutter.json", "README.md"}
+TEMPLATE_VARIABLE = re.compile(r"(?<![.\w])cookiecutter\.(?!json)\w")
+GITHUB_EXPRESSION = re.compile(r"\$\{\{[^}]*\}\}")
+SHA_PIN = re.compile(r"^\s*(?:- )?uses: [\w.-]+/[\w.-]+@[0-9a-f]{40} # v\d", re.MULTILINE)
 
 COMMON_FILES = {
+    ".cookiecutter.json",
+    ".github/workflows/ci.yml",
+    ".gitignore",
+    ".pre-commit-config.yaml",
+    "CONTRIBUTING.md",
+    "constraints.txt",
     "README.md",
     "pyproject.toml",
     "main.py",
@@ -87,9 +104,13 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
     assert rendered_files(project) == expected_files("cifar_classifier", dataset)
 
     for name in sorted(rendered_files(project)):
-        text = (project / name).read_text()
-        for leftover in ("{{", "{%", "cookiecutter"):
+        text = GITHUB_EXPRESSION.sub("", (project / name).read_text())  # GitHub's own ${{ }} are meant to stay
+        for leftover in ("{{", "{%"):
             assert leftover not in text, f"{leftover!r} left in {name}"
+        if name in DOCUMENTS_THE_RENDER:
+            assert not TEMPLATE_VARIABLE.search(text), f"a template variable is left in {name}"
+        else:
+            assert "cookiecutter" not in text, f"'cookiecutter' left in {name}"
         if name.endswith(".py"):
             compile(text, name, "exec")
         if name.endswith(".yaml"):
@@ -128,3 +149,59 @@ def test_renders_from_a_git_url_as_from_a_local_path(bake, tmp_path):
     assert rendered_files(from_git) == files
     for name in files:
         assert (from_git / name).read_bytes() == (from_path / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("answers", COMBINATIONS, ids=lambda a: "-".join(a.values()) or "defaults")
+def test_rendered_code_passes_its_own_lint_and_format(bake, answers):
+    project = bake(**answers, import_name="a_forty_character_import_name_for_tests")  # the longest allowed
+    for command in (["check", "."], ["format", "--check", "."]):
+        result = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=project, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ci_workflow_keeps_github_expressions_and_is_locked_down(bake):
+    project = bake()
+    text = (project / ".github" / "workflows" / "ci.yml").read_text()
+    workflow = yaml.safe_load(text)
+    assert "${{ matrix.python-version }}" in text and "${{ github.ref }}" in text
+    assert workflow["permissions"] == {"contents": "read"}
+    steps = workflow["jobs"]["test"]["steps"]
+    uses = [step["uses"] for step in steps if "uses" in step]
+    assert uses and len(SHA_PIN.findall(text)) == len(uses)  # every action pinned to a commit SHA
+    checkout = next(step for step in steps if step.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["persist-credentials"] is False
+    run = "\n".join(step.get("run", "") for step in steps)
+    assert "ruff check" in run and "ruff format --check" in run and "pytest" in run
+
+
+def test_constraints_pin_every_dependency(bake):
+    project = bake()
+    pinned = {}
+    for line in (project / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pinned[name.lower().replace("_", "-")] = version
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    for requirement in [*meta["dependencies"], *meta["optional-dependencies"]["dev"]]:
+        name = re.split(r"[<>=!\[ ;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        assert name in pinned, f"{name} is not pinned in constraints.txt"
+    assert pinned["torch"] == "2.14.1" and pinned["torchvision"] == "0.29.1"
+
+
+def test_recorded_answers_re_render_the_same_tree(bake, tmp_path, cookiecutter_config):
+    answers = {"project_name": "Replay Me", "author": 'Ann "A" O\'Neil', "dataset": "cifar100", "backbone": "resnet18"}
+    project = bake(**answers)
+    recorded = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]
+    assert {key: recorded[key] for key in answers} == answers
+    again = Path(
+        cookiecutter(
+            str(TEMPLATE),
+            replay=str(project / ".cookiecutter.json"),
+            output_dir=str(tmp_path / "replayed"),
+            config_file=str(cookiecutter_config),
+        )
+    )
+    files = rendered_files(project)
+    assert rendered_files(again) == files
+    for name in files:
+        assert (again / name).read_bytes() == (project / name).read_bytes(), name

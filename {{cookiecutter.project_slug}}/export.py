@@ -1,6 +1,6 @@
 """Turn a checkpoint into a verified, deployable ONNX model and its model card.
 
-    python export.py --ckpt_path runs/{{ cookiecutter.dataset }}/<hash>/checkpoints/last.ckpt [--output model.onnx]
+python export.py --ckpt_path runs/{{ cookiecutter.dataset }}/<hash>/checkpoints/last.ckpt [--output model.onnx]
 """
 
 from __future__ import annotations

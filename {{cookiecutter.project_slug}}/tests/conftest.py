@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, CIFAR100, FORMATS, CifarFormat, write_archive
+from {{ cookiecutter.import_name }}.data.cifar_format import (
+    CIFAR10,
+    CIFAR100,
+    FORMATS,
+    CifarFormat,
+    write_archive,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATASET = FORMATS["{{ cookiecutter.dataset }}"]  # the format the default config trains on
@@ -85,5 +91,3 @@ def run_cli(
 
 def default_config() -> Path:
     return PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"
-
-

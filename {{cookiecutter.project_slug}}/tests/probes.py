@@ -20,11 +20,11 @@ class DataProbe(L.Callback):
         self.output_dir = Path(output_dir)
         self.ids: dict[int, list[int]] = {}
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         pixels = batch[0][:, 0, 0, :2].long().cpu()
         self.ids.setdefault(trainer.current_epoch, []).extend((pixels[:, 0] * 256 + pixels[:, 1]).tolist())
 
-    def on_train_end(self, trainer, pl_module) -> None:  # noqa: ANN001
+    def on_train_end(self, trainer, pl_module) -> None:
         digest = hashlib.sha256()
         for name, tensor in sorted(pl_module.state_dict().items()):
             digest.update(name.encode())

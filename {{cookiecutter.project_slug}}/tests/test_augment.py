@@ -18,7 +18,9 @@ def test_crop_is_a_window_of_the_zero_padded_image():
     out = random_crop(images, 4, torch.Generator().manual_seed(1))
     padded = F.pad(images, (4, 4, 4, 4))
     for image, cropped in zip(padded, out, strict=True):
-        windows = [(dy, dx) for dy in range(9) for dx in range(9) if torch.equal(image[:, dy : dy + 32, dx : dx + 32], cropped)]
+        windows = [
+            (dy, dx) for dy in range(9) for dx in range(9) if torch.equal(image[:, dy : dy + 32, dx : dx + 32], cropped)
+        ]
         assert windows, "every output must be one 32x32 window of the padded input"
 
 

@@ -12,7 +12,12 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from {{ cookiecutter.import_name }}.callbacks import ConfusionMatrix, GradScaleWatchdog, GradientHistograms, SampleGrid
+from {{ cookiecutter.import_name }}.callbacks import (
+    ConfusionMatrix,
+    GradientHistograms,
+    GradScaleWatchdog,
+    SampleGrid,
+)
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 

@@ -36,7 +36,7 @@ def trained(tmp_path_factory):
 
 
 def test_fit_writes_checkpoints_logs_and_config(trained):
-    root, run_dir, _ = trained
+    _, run_dir, _ = trained
     last = run_dir / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)  # everything stored is plain data
     assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == (192 - 32) // 16
@@ -155,7 +155,17 @@ def test_small_presets_stack_on_the_default_config(tmp_path, monkeypatch, preset
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["main.py"])
     preset_path = PROJECT_ROOT / "configs" / "presets" / f"{preset}.yaml"
-    cli = TrainerCLI(args=["fit", "--config", str(default_config()), "--config", str(preset_path), *FAST_ARGS, "--data.data_dir=data"])
+    cli = TrainerCLI(
+        args=[
+            "fit",
+            "--config",
+            str(default_config()),
+            "--config",
+            str(preset_path),
+            *FAST_ARGS,
+            "--data.data_dir=data",
+        ]
+    )
     assert cli.trainer.state.finished
     if preset == "debug":
         assert cli.trainer.global_step == 10 and cli.trainer._detect_anomaly

@@ -53,12 +53,12 @@ def test_names_and_classes_come_from_the_data():
 
 
 def test_class_names_must_match_the_archive(data_dir):
-    with pytest.raises(DataError, match="set data.class_names"):
+    with pytest.raises(DataError, match=r"set data\.class_names"):
         ready(data_dir, class_names=[f"c{i}" for i in range(len(DATASET.class_names))])
 
 
 def test_batch_larger_than_the_training_set_is_refused(data_dir):
-    with pytest.raises(DataError, match="lower data.batch_size"):
+    with pytest.raises(DataError, match=r"lower data\.batch_size"):
         ready(data_dir, batch_size=1000, val_size=32)
 
 
@@ -70,21 +70,27 @@ def test_bad_arguments_are_refused(key, value):
 
 def test_global_batch_size_is_split_over_devices_or_refused(data_dir):
     two_devices = SimpleNamespace(world_size=2, global_rank=1)
-    dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=32)
+    dm = CifarDataModule(
+        data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=32
+    )
     dm.trainer = two_devices
     dm.prepare_data()
     dm.setup("fit")
     assert dm.batch_size == 16
-    odd = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=33)
+    odd = CifarDataModule(
+        data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=33
+    )
     odd.trainer = two_devices
-    with pytest.raises(DataError, match="data.global_batch_size=33 does not divide over 2 devices"):
+    with pytest.raises(DataError, match=r"data\.global_batch_size=33 does not divide over 2 devices"):
         odd.setup("fit")
 
 
 def test_distributed_evaluation_shards_are_disjoint_and_unpadded(data_dir):
     shards = []
     for rank in (0, 1):
-        dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=31, eval_batch_size=8)
+        dm = CifarDataModule(
+            data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=31, eval_batch_size=8
+        )
         dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)
         dm.prepare_data()
         dm.setup("validate")

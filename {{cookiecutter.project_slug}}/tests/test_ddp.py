@@ -16,12 +16,26 @@ from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.cifar_format import write_archive
 
-from .conftest import DATASET, FAST_ARGS, NUM_TEST, NUM_TRAIN, PROJECT_ROOT, cli_env, default_config, make_images, run_cli
+from .conftest import (
+    DATASET,
+    FAST_ARGS,
+    NUM_TEST,
+    NUM_TRAIN,
+    PROJECT_ROOT,
+    cli_env,
+    default_config,
+    make_images,
+    run_cli,
+)
+
+pytestmark = pytest.mark.slow  # each test starts two or more training processes
 
 
 def write_indexed_archive(data_dir):
     """A tiny archive whose images carry their own index in their first two pixels."""
-    (train_x, train_y), (test_x, test_y) = (make_images(n, len(DATASET.class_names), seed) for n, seed in ((NUM_TRAIN, 0), (NUM_TEST, 1)))
+    (train_x, train_y), (test_x, test_y) = (
+        make_images(n, len(DATASET.class_names), seed) for n, seed in ((NUM_TRAIN, 0), (NUM_TEST, 1))
+    )
     for images in (train_x, test_x):
         index = np.arange(len(images))
         images[:, 0, 0, 0], images[:, 0, 0, 1] = index // 256, index % 256
@@ -31,9 +45,8 @@ def write_indexed_archive(data_dir):
 
 def ddp_args(root, *extra):
     probe = root / "probe.yaml"
-    probe.write_text(yaml.safe_dump({
-        "trainer": {"callbacks+": [{"class_path": "tests.probes.DataProbe", "init_args": {"output_dir": str(root / "probe")}}]}
-    }))  # fmt: skip
+    callback = {"class_path": "tests.probes.DataProbe", "init_args": {"output_dir": str(root / "probe")}}
+    probe.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
     return [
         "fit", "--config", str(default_config()), "--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"),
         "--config", str(probe), *FAST_ARGS, f"--data.data_dir={root / 'data'}", "--data.crop_padding=0",
@@ -93,7 +106,14 @@ def test_distributed_validation_equals_single_process(ddp_run, monkeypatch):
     root, _ = ddp_run
     last = only_run(root) / "checkpoints" / "last.ckpt"
     args = ["--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={root / 'data'}", f"--ckpt_path={last}"]
-    run_cli("validate", *args, "--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--trainer.devices=2", cwd=root)
+    run_cli(
+        "validate",
+        *args,
+        "--config",
+        str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"),
+        "--trainer.devices=2",
+        cwd=root,
+    )
     (two_process_dir,) = [p for p in (last.parents[1] / "validate").iterdir() if list(p.glob("events.*"))]
     events = EventAccumulator(str(two_process_dir))
     events.Reload()
@@ -130,7 +150,11 @@ def test_two_node_rendezvous_on_localhost(tmp_path):
             f"--node_rank={node_rank}", "--master_addr=127.0.0.1", f"--master_port={port}",
             str(PROJECT_ROOT / "main.py"), *ddp_args(tmp_path, "--trainer.num_nodes=2", "--trainer.devices=1"),
         ]  # fmt: skip
-        nodes.append(subprocess.Popen(command, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        nodes.append(
+            subprocess.Popen(
+                command, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     check_shards_and_weights(tmp_path)

@@ -20,7 +20,7 @@ from {{ cookiecutter.import_name }}.models import ImageClassifier
 from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, run_cli, write_tiny_archive
 
 sys.path.insert(0, str(PROJECT_ROOT))
-import export  # noqa: E402 - the script under test
+import export
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,11 @@ def test_export_command_writes_a_verified_model_and_card(checkpoint, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in output.parent.iterdir()) == ["classifier.card.json", "classifier.card.md", "classifier.onnx"]
+    assert sorted(p.name for p in output.parent.iterdir()) == [
+        "classifier.card.json",
+        "classifier.card.md",
+        "classifier.onnx",
+    ]
 
     graph = onnx.load(str(output))
     (graph_input,) = graph.graph.input
@@ -62,7 +66,11 @@ def test_export_command_writes_a_verified_model_and_card(checkpoint, tmp_path):
     stored = torch.load(checkpoint, weights_only=True)
     assert card["input"]["dtype"] == "uint8" and card["input"]["shape"] == ["batch", 3, 32, 32]
     assert card["class_names"] == model.class_names and card["input"]["mean"] == list(model.hparams.mean)
-    assert card["source"]["config_hash"] == stored["config_hash"] == (checkpoint.parents[1] / "config_hash.txt").read_text().strip()
+    assert (
+        card["source"]["config_hash"]
+        == stored["config_hash"]
+        == (checkpoint.parents[1] / "config_hash.txt").read_text().strip()
+    )
     assert card["source"]["config_hash"].startswith(checkpoint.parents[1].name)
     assert (card["source"]["epoch"], card["source"]["global_step"]) == (stored["epoch"], stored["global_step"])
     assert card["cost"]["params"] == sum(p.numel() for p in model.parameters())

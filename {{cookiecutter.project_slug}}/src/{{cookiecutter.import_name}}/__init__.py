@@ -1,1 +1,1 @@
-"""{{ cookiecutter.project_name }}: an image classifier trained with PyTorch Lightning."""
+"""An image classifier trained with PyTorch Lightning on CIFAR."""

@@ -35,26 +35,28 @@ class KeepFirstConfig(SaveConfigCallback):
     def config_hash(self) -> str:
         return config_hash(json.loads(self.parser.dump(self.config, format="json", skip_check=True)))
 
-    def setup(self, trainer, pl_module, stage: str) -> None:  # noqa: ANN001 - Lightning's signature
+    def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.already_saved:
             self.log_dir = trainer.log_dir  # a collective call: every rank makes it, here
-            exists = os.path.isfile(os.path.join(self.log_dir, self.config_filename)) if trainer.is_global_zero else False
+            exists = (
+                os.path.isfile(os.path.join(self.log_dir, self.config_filename)) if trainer.is_global_zero else False
+            )
             self.already_saved = trainer.strategy.broadcast(exists)
         super().setup(trainer, pl_module, stage)
 
-    def save_config(self, trainer, pl_module, stage: str) -> None:  # noqa: ANN001 - rank 0 only: no collectives
+    def save_config(self, trainer, pl_module, stage: str) -> None:
         Path(self.log_dir, "config_hash.txt").write_text(self.config_hash + "\n")
         for logger in trainer.loggers:
             logger.log_hyperparams({"config_hash": self.config_hash})
 
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:  # noqa: ANN001
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint["config_hash"] = self.config_hash
 
 
 class TrainerCLI(LightningCLI):
     """``python main.py {fit,validate,test,predict} --config configs/...yaml``."""
 
-    def __init__(self, **kwargs) -> None:  # noqa: ANN003 - forwarded to LightningCLI
+    def __init__(self, **kwargs) -> None:
         kwargs.setdefault("save_config_callback", KeepFirstConfig)
         # The model takes its optimizer as an argument (model.optimizer), so no top-level group.
         kwargs.setdefault("auto_configure_optimizers", False)

@@ -9,10 +9,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # draw into images only; never open a window
 
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-from torchmetrics.classification import MulticlassConfusionMatrix  # noqa: E402
+import matplotlib.pyplot as plt
+from torchmetrics.classification import MulticlassConfusionMatrix
 
-from .tensorboard import tensorboard_writers  # noqa: E402
+from .tensorboard import tensorboard_writers
 
 
 class ConfusionMatrix(L.Callback):
@@ -37,7 +37,13 @@ class ConfusionMatrix(L.Callback):
         self.metric = MulticlassConfusionMatrix(pl_module.hparams.num_classes).to(pl_module.device)
 
     def on_validation_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         if trainer.sanity_checking or outputs is None:
             return
@@ -53,7 +59,9 @@ class ConfusionMatrix(L.Callback):
         class_names = list(pl_module.class_names)
         correct = matrix.diag().float()
         totals = matrix.sum(dim=1).float().clamp(min=1)
-        per_class = {f"val_class_top1/{name}": float(acc) for name, acc in zip(class_names, correct / totals, strict=True)}
+        per_class = {
+            f"val_class_top1/{name}": float(acc) for name, acc in zip(class_names, correct / totals, strict=True)
+        }
         for logger in trainer.loggers:
             logger.log_metrics(per_class, step=trainer.global_step)
         writers = tensorboard_writers(trainer, self, "confusion matrices")
@@ -64,7 +72,7 @@ class ConfusionMatrix(L.Callback):
             writer.add_figure("val/confusion_matrix", figure, trainer.global_step, close=False)
         plt.close(figure)
 
-    def _draw(self, matrix, class_names: list[str]):  # noqa: ANN001, ANN202
+    def _draw(self, matrix, class_names: list[str]):
         values = matrix.float()
         if self.normalize:
             values = values / values.sum(dim=1, keepdim=True).clamp(min=1)

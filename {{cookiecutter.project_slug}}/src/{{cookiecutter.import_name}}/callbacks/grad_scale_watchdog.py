@@ -54,7 +54,7 @@ class GradScaleWatchdog(L.Callback):
         self._warned: set[str] = set()
 
     @staticmethod
-    def _scaler(trainer: L.Trainer):  # noqa: ANN205 - torch.amp.GradScaler or None
+    def _scaler(trainer: L.Trainer):
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         return scaler if scaler is not None and scaler.is_enabled() else None
 
@@ -65,7 +65,7 @@ class GradScaleWatchdog(L.Callback):
                 "only non-finite losses are watched."
             )
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:  # noqa: ANN001
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         scaler = self._scaler(trainer)
         self._scale_before = scaler.get_scale() if scaler is not None else None
 
@@ -101,7 +101,9 @@ class GradScaleWatchdog(L.Callback):
 
     def _check(self, trainer: L.Trainer, scale: float | None) -> None:
         if scale is not None and scale < self.scale_floor:
-            self._warn_once("floor", f"GradScaleWatchdog: the fp16 loss scale fell to {scale:g} (< {self.scale_floor:g}); {CAUSES}.")
+            self._warn_once(
+                "floor", f"GradScaleWatchdog: the fp16 loss scale fell to {scale:g} (< {self.scale_floor:g}); {CAUSES}."
+            )
         if len(self._recent) == self.window and sum(self._recent) > self.max_skip_rate * self.window:
             self._warn_once(
                 "rate",
@@ -112,7 +114,9 @@ class GradScaleWatchdog(L.Callback):
             self._stop(trainer)
 
     def _stop(self, trainer: L.Trainer) -> None:
-        checkpoint_dir = Path(trainer.checkpoint_callback.dirpath) if trainer.checkpoint_callback else Path(trainer.default_root_dir)
+        checkpoint_dir = (
+            Path(trainer.checkpoint_callback.dirpath) if trainer.checkpoint_callback else Path(trainer.default_root_dir)
+        )
         self.stop_checkpoint = checkpoint_dir / "last.ckpt"
         trainer.save_checkpoint(self.stop_checkpoint)  # collective: every rank calls it, rank 0 writes
         trainer.should_stop = True

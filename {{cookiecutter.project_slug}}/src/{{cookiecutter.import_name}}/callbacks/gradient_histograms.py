@@ -39,7 +39,7 @@ class GradientHistograms(L.Callback):
         self.log_weights = log_weights
         self.log_norms = log_norms
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:  # noqa: ANN001
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if not self.every_n_steps or trainer.global_step % self.every_n_steps or not trainer.is_global_zero:
             return
         step = trainer.global_step

@@ -28,7 +28,9 @@ class SampleGrid(L.Callback):
         self.images_per_row = images_per_row
         self._logged = False
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self._logged or not trainer.is_global_zero:
             return
         self._logged = True

@@ -126,9 +126,7 @@ def _read_member(tar: tarfile.TarFile, archive: Path, member: str) -> dict[str, 
     except KeyError:
         raise DataError(f"{archive} has no member {member!r}; is it a CIFAR archive of the right kind?") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
-        raise DataError(
-            f"{archive} is damaged ({error}); delete it and run again to download it afresh"
-        ) from error
+        raise DataError(f"{archive} is damaged ({error}); delete it and run again to download it afresh") from error
     if raw is None:
         raise DataError(f"{archive}: {member!r} is not a regular file")
     try:
@@ -159,6 +157,15 @@ def _read_split(tar: tarfile.TarFile, archive: Path, fmt: CifarFormat, files: tu
     return np.concatenate(images), np.concatenate(labels)
 
 
+def _open_tar(archive: Path) -> tarfile.TarFile:
+    try:
+        return tarfile.open(archive, "r:*")
+    except (tarfile.TarError, OSError) as error:
+        raise DataError(
+            f"{archive} is not a readable tar archive ({error}); delete it and run again to download it afresh"
+        ) from error
+
+
 def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarFormat) -> Cache:
     """Convert the archive's batches into ``.npy`` arrays, atomically replacing any old cache."""
     final = cache_dir(data_dir, fmt)
@@ -166,13 +173,7 @@ def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarF
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
-        try:
-            tar = tarfile.open(archive, "r:*")
-        except (tarfile.TarError, OSError) as error:
-            raise DataError(
-                f"{archive} is not a readable tar archive ({error}); delete it and run again to download it afresh"
-            ) from error
-        with tar:
+        with _open_tar(archive) as tar:
             meta = _read_member(tar, archive, fmt.member(fmt.meta_file))
             class_names = tuple(str(name) for name in meta.get(fmt.names_key, ()))
             if not class_names:

@@ -16,6 +16,7 @@ import struct
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -35,8 +36,8 @@ CIFAR100_CLASSES = (
     "mouse", "mushroom", "oak_tree", "orange", "orchid", "otter", "palm_tree", "pear", "pickup_truck", "pine_tree",
     "plain", "plate", "poppy", "porcupine", "possum", "rabbit", "raccoon", "ray", "road", "rocket",
     "rose", "sea", "seal", "shark", "shrew", "skunk", "skyscraper", "snail", "snake", "spider",
-    "squirrel", "streetcar", "sunflower", "sweet_pepper", "table", "tank", "telephone", "television", "tiger", "tractor",
-    "train", "trout", "tulip", "turtle", "wardrobe", "whale", "willow_tree", "wolf", "woman", "worm",
+    "squirrel", "streetcar", "sunflower", "sweet_pepper", "table", "tank", "telephone", "television", "tiger",
+    "tractor", "train", "trout", "tulip", "turtle", "wardrobe", "whale", "willow_tree", "wolf", "woman", "worm",
 )  # fmt: skip
 
 
@@ -104,14 +105,14 @@ class _BatchUnpickler(pickle.Unpickler):
     """Resolve only the numpy globals that a pickled uint8 array needs."""
 
     _RECONSTRUCT = np.zeros(1).__reduce__()[0]  # numpy.core (1.x) / numpy._core (2.x) _reconstruct
-    _ALLOWED = {
+    _ALLOWED: ClassVar[dict[tuple[str, str], object]] = {
         ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
         ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,
     }
 
-    def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle's own signature
+    def find_class(self, module: str, name: str):
         try:
             return self._ALLOWED[(module, name)]
         except KeyError:
@@ -256,7 +257,7 @@ def write_archive(
             _add_file(tar, fmt.member(file_name), _py2_pickle(batch))
         meta: dict[str, object] = {fmt.names_key: names}
         if fmt is CIFAR10:
-            meta.update(num_cases_per_batch=int(len(chunks[0])), num_vis=ROW_LENGTH)
+            meta.update(num_cases_per_batch=len(chunks[0]), num_vis=ROW_LENGTH)
         else:
             meta["coarse_label_names"] = ["all"]
         _add_file(tar, fmt.member(fmt.meta_file), _py2_pickle(meta))

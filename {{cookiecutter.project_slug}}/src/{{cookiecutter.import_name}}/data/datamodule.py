@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 import numpy as np
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -62,7 +62,11 @@ class CifarDataModule(L.LightningDataModule):
         self.save_hyperparameters(ignore=["class_names"])
         if dataset not in FORMATS:
             raise ValueError(f"data.dataset must be one of {sorted(FORMATS)}, got {dataset!r}")
-        sizes = (("batch_size", batch_size), ("global_batch_size", global_batch_size or 1), ("eval_batch_size", eval_batch_size or 1))
+        sizes = (
+            ("batch_size", batch_size),
+            ("global_batch_size", global_batch_size or 1),
+            ("eval_batch_size", eval_batch_size or 1),
+        )
         for name, value in sizes:
             if value < 1:
                 raise ValueError(f"data.{name} must be a positive integer, got {value}")

@@ -25,7 +25,12 @@ def build_card(
             "mean": list(hparams.mean),
             "std": list(hparams.std),
         },
-        "output": {"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", hparams.num_classes], "meaning": "logits"},
+        "output": {
+            "name": OUTPUT_NAME,
+            "dtype": "float32",
+            "shape": ["batch", hparams.num_classes],
+            "meaning": "logits",
+        },
         "class_names": list(model.class_names),
         "cost": cost.as_dict(),
         "source": {

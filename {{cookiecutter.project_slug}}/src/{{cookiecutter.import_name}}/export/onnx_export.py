@@ -106,7 +106,9 @@ def check(path: Path) -> None:
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)
 
 
-def verify(model: ImageClassifier, path: Path, batch_sizes: tuple[int, ...] = (1, 7), tolerance: float = 1e-4) -> Parity:
+def verify(
+    model: ImageClassifier, path: Path, batch_sizes: tuple[int, ...] = (1, 7), tolerance: float = 1e-4
+) -> Parity:
     """Compare onnxruntime (CPU) against PyTorch on the same images, at each batch size."""
     import onnxruntime
 

@@ -119,7 +119,7 @@ class ImageClassifier(L.LightningModule):
         """Class probabilities for each image."""
         return self(batch[0]).softmax(dim=-1)
 
-    def configure_optimizers(self):  # noqa: ANN201 - Lightning accepts several return shapes
+    def configure_optimizers(self):
         if self.optimizer_factory is not None:
             optimizer = self.optimizer_factory(self.parameters())
         else:
