@@ -1,9 +1,7 @@
 """The command line as a user types it: real ``python main.py`` processes on a tiny archive."""
 
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -97,34 +95,6 @@ def test_validate_and_predict_a_checkpoint(trained, monkeypatch):
     probabilities = torch.cat(predicted.trainer.predict_loop.predictions)
     assert probabilities.shape[0] == 64
     assert torch.allclose(probabilities.sum(dim=1), torch.ones(64), atol=1e-5)
-
-
-def test_resume_after_a_kill_continues_the_same_run(tmp_path):
-    write_tiny_archive(tmp_path / "data")
-    args = fit_args(tmp_path / "data", "--trainer.max_epochs=4", "--data.val_size=0", "--data.batch_size=8")
-    process = subprocess.Popen(
-        [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("runs/*/*/checkpoints/last.ckpt")) and process.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    run_dir = only_run_dir(tmp_path)
-    killed_at = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["epoch"]
-    assert killed_at < 3, "the run finished before it could be killed"
-
-    result = run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
-    assert f"Restoring states from the checkpoint path at {run_dir.resolve() / 'checkpoints' / 'last.ckpt'}" in (
-        result.stderr + result.stdout
-    )
-    final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert final["epoch"] == 3 and final["global_step"] == 4 * (192 // 8)
-    assert only_run_dir(tmp_path) == run_dir
 
 
 def test_print_config_shows_the_resolved_config(tmp_path):

@@ -18,6 +18,7 @@ SHORT_LENGTH = 12
 EXCLUDED_KEYS: tuple[str, ...] = (
     "config",  # the config files' paths; their content is in the rest of the config
     "ckpt_path",  # where to resume from; a resumed run continues the same computation
+    "allow_config_change",  # permission to resume under a changed config, not a setting of the run
     "trainer.default_root_dir",  # output location
     "trainer.logger.init_args.save_dir",  # output location
     "trainer.logger.init_args.name",  # output location

@@ -4,7 +4,16 @@ from .confusion_matrix import ConfusionMatrix
 from .grad_scale_watchdog import GradScaleWatchdog
 from .gradient_histograms import GradientHistograms
 from .model_report import ModelReport
+from .random_state import RandomState
 from .sample_grid import SampleGrid
 from .throughput import ImageThroughput
 
-__all__ = ["ConfusionMatrix", "GradScaleWatchdog", "GradientHistograms", "ImageThroughput", "ModelReport", "SampleGrid"]
+__all__ = [
+    "ConfusionMatrix",
+    "GradScaleWatchdog",
+    "GradientHistograms",
+    "ImageThroughput",
+    "ModelReport",
+    "RandomState",
+    "SampleGrid",
+]

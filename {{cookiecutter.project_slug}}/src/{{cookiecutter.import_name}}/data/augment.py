@@ -40,15 +40,28 @@ class BatchAugment:
         self.flip = flip
         self.generator: torch.Generator | None = None
         self._seed = 0
+        self._restored: torch.Tensor | None = None
 
     def seed(self, seed: int) -> None:
         """Restart the random stream; the generator is made on the first batch's device."""
         self._seed = seed
+        self._restored = None
+        self.generator = None
+
+    def state(self) -> torch.Tensor | None:
+        """The generator's state, to checkpoint (None before the first batch)."""
+        return self.generator.get_state() if self.generator is not None else self._restored
+
+    def set_state(self, state: torch.Tensor | None) -> None:
+        """Continue a checkpointed stream: applied when the generator is made on the batch's device."""
+        self._restored = state
         self.generator = None
 
     def _generator_for(self, device: torch.device) -> torch.Generator:
         if self.generator is None or self.generator.device != device:
             self.generator = torch.Generator(device=device).manual_seed(self._seed)
+            if self._restored is not None:
+                self.generator.set_state(self._restored)
         return self.generator
 
     def __call__(self, images: Tensor) -> Tensor:

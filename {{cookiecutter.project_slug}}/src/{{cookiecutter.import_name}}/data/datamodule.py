@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from .archive import Cache, DataError, load_cache, prepare
 from .augment import BatchAugment
@@ -89,6 +89,7 @@ class CifarDataModule(L.LightningDataModule):
         self.std = self.format.std
         self.augment = BatchAugment(crop_padding=crop_padding, flip=flip)
         self.cache: Cache | None = None
+        self.seed = 0
 
     def prepare_data(self) -> None:
         prepare(self.data_dir, self.format, download=self.download, verify_checksum=self.verify_checksum)
@@ -126,21 +127,29 @@ class CifarDataModule(L.LightningDataModule):
                 f"{len(self.train_set)} training images; lower data.batch_size"
             )
         rank = self.trainer.global_rank if self.trainer is not None else 0
-        self.augment.seed(torch.initial_seed() + rank)
+        self.seed = torch.initial_seed()  # the run's seed (seed_everything)
+        self.augment.seed(self.seed + rank)
 
     def _loader(self, dataset: MemmapBatches, batch_size: int, train: bool) -> DataLoader:
-        sampler = None
-        if not train and self.trainer is not None and self.trainer.world_size > 1:
-            # Disjoint, unpadded shards: each image is evaluated exactly once over all ranks, so the
-            # synchronized metrics equal a single-process evaluation. (Lightning's default would pad
-            # the shards with repeated images.) Training shards come from Lightning's DistributedSampler.
-            sampler = UnrepeatedDistributedSampler(
-                dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        if train:
+            # The order of epoch e is a permutation drawn from (run seed, e) alone, sharded over the
+            # ranks (disjoint, remainder dropped). It does not depend on how much of the global random
+            # stream was used before, so a resumed run sees exactly the batches it would have seen.
+            # Lightning keeps a DistributedSampler it is given and calls set_epoch on it every epoch.
+            sampler = DistributedSampler(
+                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed, drop_last=True
             )
+        elif world_size > 1:
+            # Disjoint, unpadded shards: each image is evaluated exactly once over all ranks, so the
+            # synchronized metrics equal a single-process evaluation (Lightning's default would pad).
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+        else:
+            sampler = None
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            shuffle=train,
             sampler=sampler,
             drop_last=train,
             num_workers=self.num_workers,
@@ -160,6 +169,13 @@ class CifarDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, self.eval_batch_size, train=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointed with the run: where the augmentation's random stream stands."""
+        return {"augment_generator": self.augment.state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.augment.set_state(state_dict.get("augment_generator"))
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         # Lightning also routes the model's example input (a bare tensor) through here: leave it be.

@@ -1,0 +1,51 @@
+"""Checkpoint files that are either complete or absent, whatever kills the process.
+
+Lightning's default writer stages the file in ``$TMPDIR`` and moves it into place; across
+filesystems that move is a copy, and a kill during it truncates the previous good
+checkpoint. Here the bytes go to a temporary file in the checkpoint's own folder, are
+flushed and fsynced, and replace the target with one atomic ``os.replace``. Temporary files
+left by a killed writer are removed on the next save into that folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+TEMP_MARKER = ".tmp-"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Same-folder temporary file, fsync, ``os.replace``; stale temporaries are cleaned up."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target.parent)
+        partial = target.with_name(f"{target.name}{TEMP_MARKER}{os.getpid()}")
+        try:
+            with open(partial, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, target)
+            directory = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)  # make the rename itself durable
+            finally:
+                os.close(directory)
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """Delete temporary checkpoint files of writers that are gone (any process but this one)."""
+    own = f"{TEMP_MARKER}{os.getpid()}"
+    for stale in folder.glob(f"*.ckpt{TEMP_MARKER}*"):
+        if not stale.name.endswith(own):
+            stale.unlink(missing_ok=True)

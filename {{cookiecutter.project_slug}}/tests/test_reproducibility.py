@@ -1,0 +1,156 @@
+"""Reproducible runs: identical reruns, exact resume after SIGKILL, crash-safe checkpoints, config checks."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO
+
+from .conftest import FAST_ARGS, PROJECT_ROOT, cli_env, default_config, run_cli, write_tiny_archive
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning"),
+]
+
+
+def fit_args(data_dir, *extra):
+    return ["fit", "--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={data_dir}", *extra]
+
+
+def in_process(args, cwd, monkeypatch):
+    from {{ cookiecutter.import_name }}.cli import TrainerCLI
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["main.py"])
+    return TrainerCLI(args=args)
+
+
+def weights(checkpoint_path):
+    return torch.load(checkpoint_path, weights_only=True)["state_dict"]
+
+
+def assert_same_weights(first, second):
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), f"{name} differs"
+
+
+def test_two_runs_of_one_config_are_identical(tmp_path, monkeypatch):
+    runs = []
+    for attempt in ("a", "b"):
+        write_tiny_archive(tmp_path / attempt / "data")
+        cli = in_process(fit_args("data", "--trainer.max_epochs=2"), tmp_path / attempt, monkeypatch)
+        runs.append((cli.model.state_dict(), {k: float(v) for k, v in cli.trainer.callback_metrics.items()}))
+    assert_same_weights(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
+
+
+def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
+    args = fit_args("data", "--trainer.max_epochs=4", "--data.batch_size=8")
+    write_tiny_archive(tmp_path / "whole" / "data")
+    run_cli(*args, cwd=tmp_path / "whole")
+    (whole,) = (tmp_path / "whole").glob("runs/*/*/checkpoints/last.ckpt")
+
+    killed = tmp_path / "killed"
+    write_tiny_archive(killed / "data")
+    process = subprocess.Popen(
+        [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
+        cwd=killed,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not list(killed.glob("runs/*/*/checkpoints/last.ckpt")) and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    time.sleep(0.3)  # into the next epoch
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    (last,) = killed.glob("runs/*/*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["epoch"] < 3, "the run finished before it was killed"
+
+    result = run_cli(*args, "--ckpt_path=last", cwd=killed)
+    assert "Restoring states from the checkpoint path" in result.stderr + result.stdout
+    assert torch.load(last, weights_only=True)["global_step"] == torch.load(whole, weights_only=True)["global_step"]
+    assert_same_weights(weights(whole), weights(last))
+
+
+WRITER = """
+import sys, torch
+from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO
+io = AtomicCheckpointIO()
+payload = {"state_dict": {"w": torch.zeros(4_000_000)}}
+i = 0
+while True:
+    payload["step"] = i
+    io.save_checkpoint(payload, sys.argv[1])
+    print(i, flush=True)
+    i += 1
+"""
+
+
+def test_a_kill_during_a_checkpoint_write_never_leaves_a_broken_checkpoint(tmp_path):
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    for delay in (0.05, 0.13, 0.21, 0.37):
+        process = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(target)], env=cli_env(), stdout=subprocess.PIPE, text=True
+        )
+        process.stdout.readline()  # one complete checkpoint exists
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        process.stdout.close()
+        assert torch.load(target, weights_only=True)["state_dict"]["w"].shape == (4_000_000,)
+    AtomicCheckpointIO().save_checkpoint({"step": -1}, target)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last.ckpt"]  # stale temporaries cleaned
+
+
+@pytest.fixture
+def finished(tmp_path, monkeypatch):
+    write_tiny_archive(tmp_path / "data")
+    in_process(fit_args("data", "--model.lr_schedule=constant"), tmp_path, monkeypatch)
+    (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    return tmp_path, last
+
+
+@pytest.mark.parametrize("problem", ["truncated", "foreign"])
+def test_a_broken_checkpoint_is_refused_by_name(finished, monkeypatch, problem):
+    root, last = finished
+    bad = root / "bad.ckpt"
+    if problem == "truncated":
+        bad.write_bytes(last.read_bytes()[:2000])
+    else:
+        torch.save({"weights": torch.zeros(2)}, bad)
+    with pytest.raises(SystemExit, match=f"--ckpt_path {bad} is not a"):
+        in_process(fit_args("data", f"--ckpt_path={bad}"), root, monkeypatch)
+
+
+def test_resuming_under_a_changed_config_lists_the_changes_or_is_allowed(finished, monkeypatch):
+    root, last = finished
+    run_dir = last.parents[1]
+    changed = fit_args("data", "--trainer.max_epochs=2", "--model.lr_schedule=constant", f"--ckpt_path={last}")
+    with pytest.raises(SystemExit) as refused:
+        in_process(changed, root, monkeypatch)
+    assert "trainer.max_epochs: 1 -> 2" in str(refused.value) and "--allow_config_change" in str(refused.value)
+
+    cli = in_process([*changed, "--allow_config_change=true"], root, monkeypatch)
+    assert cli.trainer.current_epoch == 2 and cli.run_dir.resolve() == run_dir.resolve()  # the same run
+    old_hash, new_hash = (run_dir / "config_hash.txt").read_text().split()
+    assert new_hash == cli.run_hash != old_hash
+    assert (run_dir / "config.yaml").is_file() and (run_dir / f"config-{new_hash[:12]}.yaml").is_file()
+    assert torch.load(last, weights_only=True)["config_hash"] == new_hash
+
+
+def test_checkpoint_hyperparameters_take_precedence_over_the_command_line(finished, monkeypatch):
+    root, last = finished
+    args = fit_args("data", "--model.lr_schedule=constant", "--model.width=8", f"--ckpt_path={last}")
+    cli = in_process(args, root, monkeypatch)
+    assert cli.model.hparams.width == 4  # as trained: a checkpoint file's hyperparameters win (Lightning 2.6)
