@@ -16,6 +16,7 @@ from .conftest import FAST_ARGS, PROJECT_ROOT, cli_env, default_config, run_cli,
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning"),
+    pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch ended"),
     pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning"),
 ]
 
@@ -81,6 +82,33 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
     assert "Restoring states from the checkpoint path" in result.stderr + result.stdout
     assert torch.load(last, weights_only=True)["global_step"] == torch.load(whole, weights_only=True)["global_step"]
     assert_same_weights(weights(whole), weights(last))
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_continues_from_it(tmp_path):
+    args = fit_args("data", "--trainer.max_epochs=3", "--data.batch_size=8")
+    write_tiny_archive(tmp_path / "data")
+    process = subprocess.Popen(
+        [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*/*/checkpoints/last.ckpt")) and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    time.sleep(0.3)  # into the next epoch
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    steps_per_epoch = (192 - 32) // 8
+    stopped_at = torch.load(last, weights_only=True)["global_step"]
+    assert "SIGTERM" in stderr and stopped_at % steps_per_epoch != 0, "saved at the signal, mid-epoch"
+
+    run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
+    assert torch.load(last, weights_only=True)["global_step"] == 3 * steps_per_epoch
 
 
 WRITER = """
