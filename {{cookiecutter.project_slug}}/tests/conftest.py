@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +92,25 @@ def run_cli(
 
 def default_config() -> Path:
     return PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"
+
+
+def fit_args(data_dir: Path | str, *extra: str) -> list[str]:
+    """``fit`` with the default config, the tiny settings and ``data_dir``; ``extra`` comes last and wins."""
+    return ["fit", "--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={data_dir}", *extra]
+
+
+def only_run_dir(root: Path) -> Path:
+    """The one run directory under ``root/runs`` (a second one would mean a run went astray)."""
+    runs = [p.parent for p in root.glob("runs/*/*/config.yaml")]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def start_and_wait_for_checkpoint(args: list[str], cwd: Path, **popen: object) -> subprocess.Popen:
+    """Start ``python main.py ARGS`` and return once its first ``last.ckpt`` exists."""
+    process = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "main.py"), *args], cwd=cwd, env=cli_env(), **popen)
+    deadline = time.monotonic() + 120
+    while not list(cwd.glob("runs/*/*/checkpoints/last.ckpt")) and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    return process

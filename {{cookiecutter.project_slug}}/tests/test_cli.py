@@ -11,17 +11,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
-from .conftest import DATASET, FAST_ARGS, PROJECT_ROOT, default_config, run_cli, write_tiny_archive
-
-
-def fit_args(data_dir, *extra):
-    return ["fit", "--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={data_dir}", *extra]
-
-
-def only_run_dir(root):
-    runs = [p.parent for p in root.glob("runs/*/*/config.yaml")]
-    assert len(runs) == 1, runs
-    return runs[0]
+from .conftest import (
+    DATASET,
+    FAST_ARGS,
+    PROJECT_ROOT,
+    default_config,
+    fit_args,
+    only_run_dir,
+    run_cli,
+    write_tiny_archive,
+)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from .conftest import (
     cli_env,
     default_config,
     make_images,
+    only_run_dir,
     run_cli,
 )
 
@@ -73,12 +74,6 @@ def check_shards_and_weights(root, world_size=2):
     assert records[0]["weights"] == records[1]["weights"], "ranks ended with different weights"
 
 
-def only_run(root):
-    runs = [p.parent for p in root.glob("runs/*/*/config.yaml")]
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     """One 2-process fit launched by Lightning itself (``--trainer.devices 2``)."""
@@ -92,7 +87,7 @@ def test_two_processes_train_on_disjoint_shards_to_identical_weights(ddp_run):
     root, result = ddp_run
     assert "distributed_backend=gloo" in result.stderr + result.stdout
     check_shards_and_weights(root)
-    run_dir = only_run(root)
+    run_dir = only_run_dir(root)
     assert sorted(p.name for p in run_dir.glob("**/*.yaml")) == ["config.yaml", "hparams.yaml"]
     best, last = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert best.startswith("best-epoch=") and last == "last.ckpt"
@@ -104,7 +99,7 @@ def test_two_processes_train_on_disjoint_shards_to_identical_weights(ddp_run):
 @pytest.mark.filterwarnings("ignore:The dirpath has changed.*:UserWarning")
 def test_distributed_validation_equals_single_process(ddp_run, monkeypatch):
     root, _ = ddp_run
-    last = only_run(root) / "checkpoints" / "last.ckpt"
+    last = only_run_dir(root) / "checkpoints" / "last.ckpt"
     args = ["--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={root / 'data'}", f"--ckpt_path={last}"]
     run_cli(
         "validate",
@@ -131,7 +126,7 @@ def test_torchrun_launch(tmp_path):
     result = run_cli(*ddp_args(tmp_path, "--trainer.devices=2"), cwd=tmp_path, launcher=launcher)
     assert "TorchElasticEnvironment" in result.stderr + result.stdout or (tmp_path / "probe" / "rank1.json").exists()
     check_shards_and_weights(tmp_path)
-    only_run(tmp_path)
+    only_run_dir(tmp_path)
 
 
 def free_port() -> int:
@@ -158,4 +153,4 @@ def test_two_node_rendezvous_on_localhost(tmp_path):
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     check_shards_and_weights(tmp_path)
-    only_run(tmp_path)
+    only_run_dir(tmp_path)

@@ -12,17 +12,19 @@ import torch
 
 from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO
 
-from .conftest import FAST_ARGS, PROJECT_ROOT, cli_env, default_config, run_cli, write_tiny_archive
+from .conftest import (
+    cli_env,
+    fit_args,
+    run_cli,
+    start_and_wait_for_checkpoint,
+    write_tiny_archive,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning"),
     pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch ended"),
     pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning"),
 ]
-
-
-def fit_args(data_dir, *extra):
-    return ["fit", "--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={data_dir}", *extra]
 
 
 def in_process(args, cwd, monkeypatch):
@@ -61,17 +63,7 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
 
     killed = tmp_path / "killed"
     write_tiny_archive(killed / "data")
-    process = subprocess.Popen(
-        [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
-        cwd=killed,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while not list(killed.glob("runs/*/*/checkpoints/last.ckpt")) and process.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
+    process = start_and_wait_for_checkpoint(args, killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.3)  # into the next epoch
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -87,18 +79,9 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
 def test_sigterm_saves_a_checkpoint_and_the_run_continues_from_it(tmp_path):
     args = fit_args("data", "--trainer.max_epochs=3", "--data.batch_size=8")
     write_tiny_archive(tmp_path / "data")
-    process = subprocess.Popen(
-        [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    process = start_and_wait_for_checkpoint(
+        args, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("runs/*/*/checkpoints/last.ckpt")) and process.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
     time.sleep(0.3)  # into the next epoch
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)

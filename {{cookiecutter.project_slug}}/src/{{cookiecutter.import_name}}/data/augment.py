@@ -1,8 +1,8 @@
 """Augment whole uint8 batches on the device they already live on.
 
-One random draw per batch instead of per-sample Python: the crop is a gather of shifted
-windows from a zero-padded batch (what ``RandomCrop(32, padding=p)`` does per image) and
-the flip a masked select. Draws come from a generator of our own, seeded explicitly, so
+One random draw per batch instead of per-sample Python: the crop gathers shifted windows
+from a zero-padded batch (what ``RandomCrop(32, padding=p)`` does per image) and the flip
+mirrors the selected images only. Draws come from a generator of our own, seeded explicitly, so
 a run is reproducible and the generator's state can be checkpointed.
 """
 
@@ -19,17 +19,19 @@ def random_crop(images: Tensor, padding: int, generator: torch.Generator) -> Ten
     n, c, h, w = images.shape
     padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
     shifts = torch.randint(0, 2 * padding + 1, (2, n), device=images.device, generator=generator)
-    rows = shifts[0, :, None] + torch.arange(h, device=images.device)  # (n, h)
-    cols = shifts[1, :, None] + torch.arange(w, device=images.device)  # (n, w)
-    batch_index = torch.arange(n, device=images.device)[:, None, None, None]
-    channel_index = torch.arange(c, device=images.device)[None, :, None, None]
-    return padded[batch_index, channel_index, rows[:, None, :, None], cols[:, None, None, :]]
+    # Two gathers (rows, then columns) move each image's window in one pass over the batch.
+    rows = shifts[0, :, None] + torch.arange(h, device=images.device)
+    band = padded.gather(2, rows[:, None, :, None].expand(n, c, h, w + 2 * padding))
+    cols = shifts[1, :, None] + torch.arange(w, device=images.device)
+    return band.gather(3, cols[:, None, None, :].expand(n, c, h, w))
 
 
 def random_flip(images: Tensor, generator: torch.Generator) -> Tensor:
     """Mirror a random half of the images left to right."""
     flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
-    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+    flipped = images.clone()
+    flipped[flip] = images[flip].flip(-1)
+    return flipped
 
 
 class BatchAugment:

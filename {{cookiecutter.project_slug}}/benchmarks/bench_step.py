@@ -1,0 +1,169 @@
+"""Is Lightning overhead visible? The project's trainer vs a hand-written PyTorch loop.
+
+Both train the same model (the default network unless told otherwise) on the same uint8
+batches, with the same optimizer, LR schedule, precision and on-device augmentation, for the
+same number of steps after a warm-up. The Lightning side runs with the default config's
+callbacks (histograms, throughput, watchdog, ...) and logger. Measured interleaved (A, B, A, B)
+so machine noise hits both; the last line is one JSON object with the figures.
+
+    python benchmarks/bench_step.py [--device cpu|cuda] [--width 64] [--batch_size 256] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+import yaml
+from lightning.pytorch.cli import instantiate_class
+from torch.utils.data import DataLoader, TensorDataset
+
+from {{ cookiecutter.import_name }}.data.augment import BatchAugment
+from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+from {{ cookiecutter.import_name }}.models import ImageClassifier
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"
+
+
+class AugmentedImages(L.LightningDataModule):
+    """Fixed random uint8 batches (no disk), augmented on the device as the real DataModule does."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int) -> None:
+        super().__init__()
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+        self.augment = BatchAugment()
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.images, self.labels), batch_size=self.batch_size, drop_last=True)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        if isinstance(batch, torch.Tensor) or not self.trainer.training:
+            return batch
+        return self.augment(batch[0]), batch[1]
+
+
+def make_model(args: argparse.Namespace) -> ImageClassifier:
+    torch.manual_seed(0)
+    optimizer = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True)  # noqa: E731
+    return ImageClassifier(num_classes=10, backbone=args.backbone, width=args.width, optimizer=optimizer,
+                           lr_schedule="constant")  # fmt: skip
+
+
+def default_callbacks() -> list[L.Callback]:
+    """The callbacks of the default config, built from it."""
+    with open(DEFAULT_CONFIG) as handle:
+        entries = yaml.safe_load(handle)["trainer"]["callbacks"]
+    return [instantiate_class((), entry) for entry in entries if not entry["class_path"].endswith("ModelCheckpoint")]
+
+
+def lightning_rate(args, images, labels, steps: int) -> float:
+    model = make_model(args)
+    data = AugmentedImages(images, labels, args.batch_size)
+    timer = StepTimer(args.warmup)
+    with tempfile.TemporaryDirectory() as logs, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = L.Trainer(
+            accelerator=args.device, devices=1, precision=args.precision, max_steps=args.warmup + steps,
+            logger=L.pytorch.loggers.TensorBoardLogger(logs), callbacks=[*default_callbacks(), timer],
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            num_sanity_val_steps=0, limit_val_batches=0,
+        )  # fmt: skip
+        trainer.fit(model, datamodule=data)
+    return timer.images_per_second(args.batch_size)
+
+
+class StepTimer(L.Callback):
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.start, self.steps = warmup, None, 0
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.warmup:
+            _sync(trainer.strategy.root_device)
+            self.start = time.perf_counter()
+        elif trainer.global_step > self.warmup:
+            self.steps += 1
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        _sync(trainer.strategy.root_device)
+        self.elapsed = time.perf_counter() - self.start
+
+    def images_per_second(self, batch_size: int) -> float:
+        return self.steps * batch_size / self.elapsed
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def plain_rate(args, images, labels, steps: int) -> float:
+    device = torch.device(args.device)
+    model = make_model(args).to(device)
+    optimizer = model.optimizer_factory(model.parameters())
+    augment = BatchAugment()
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
+    loader = DataLoader(TensorDataset(images, labels), batch_size=args.batch_size, drop_last=True)
+    batches = iter(loader)
+    model.train()
+    start = None
+    for step in range(args.warmup + steps):
+        if step == args.warmup:
+            _sync(device)
+            start = time.perf_counter()
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            x, y = next(batches)
+        x, y = augment(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = model.criterion(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    _sync(device)
+    return steps * args.batch_size / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backbone", default="fastcnn")
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=256)
+    parser.add_argument("--precision", default="bf16-mixed" if torch.cuda.is_available() else "32-true")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a tiny network and few steps (smoke test)")
+    args = parser.parse_args()
+    if args.quick:
+        args.width, args.batch_size, args.warmup, args.steps, args.rounds = 8, 32, 1, 3, 1
+    generator = torch.Generator().manual_seed(0)
+    count = args.batch_size * 8
+    images = torch.randint(0, 256, (count, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    labels = torch.randint(0, len(CIFAR10.class_names), (count,), generator=generator)
+
+    lightning, plain = [], []
+    for _ in range(args.rounds):
+        lightning.append(lightning_rate(args, images, labels, args.steps))
+        plain.append(plain_rate(args, images, labels, args.steps))
+    result = {"lightning_images_per_s": statistics.median(lightning), "plain_images_per_s": statistics.median(plain)}
+    result["lightning_vs_plain"] = result["lightning_images_per_s"] / result["plain_images_per_s"]
+    print(f"{'loop':<24}{'images/s':>12}")
+    print(f"{'Lightning (callbacks)':<24}{result['lightning_images_per_s']:>12,.0f}")
+    print(f"{'hand-written':<24}{result['plain_images_per_s']:>12,.0f}")
+    print(f"{'ratio':<24}{result['lightning_vs_plain']:>12.3f}")
+    setup = {key: getattr(args, key) for key in ("device", "backbone", "width", "batch_size", "precision", "steps")}
+    print(json.dumps({**setup, **result}))
+
+
+if __name__ == "__main__":
+    main()
