@@ -1,7 +1,7 @@
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.import_name }}.data.augment import BatchAugment, random_crop, random_flip
+from {{ cookiecutter.import_name }}.data.augment import BatchAugment, random_crop, random_cutout, random_flip
 
 
 def batch(n=16):
@@ -46,3 +46,15 @@ def test_same_seed_same_augmentation_other_seed_other():
 def test_disabled_policy_is_identity():
     images = batch()
     assert torch.equal(BatchAugment(crop_padding=0, flip=False)(images), images)
+
+
+def test_cutout_zeroes_one_square_per_image():
+    images = torch.full((32, 3, 32, 32), 200, dtype=torch.uint8)
+    out = random_cutout(images, 8, torch.Generator().manual_seed(3))
+    zeroed = (out == 0).all(dim=1)  # (N, H, W): all channels zero
+    for mask in zeroed:
+        area = int(mask.sum())
+        rows, cols = mask.any(dim=1).nonzero(), mask.any(dim=0).nonzero()
+        assert 0 < area <= 64 and area == len(rows) * len(cols)  # one (possibly clipped) rectangle
+        assert len(rows) <= 8 and len(cols) <= 8
+    assert out.dtype == torch.uint8 and (out[out != 0] == 200).all()

@@ -62,7 +62,7 @@ def test_batch_larger_than_the_training_set_is_refused(data_dir):
         ready(data_dir, batch_size=1000, val_size=32)
 
 
-@pytest.mark.parametrize(("key", "value"), [("batch_size", 0), ("val_size", -1), ("dataset", "mnist")])
+@pytest.mark.parametrize(("key", "value"), [("batch_size", 0), ("val_size", -1), ("dataset", "mnist"), ("cutout", -2)])
 def test_bad_arguments_are_refused(key, value):
     with pytest.raises(ValueError, match=f"data.{key}"):
         CifarDataModule(**{key: value})

@@ -34,12 +34,26 @@ def random_flip(images: Tensor, generator: torch.Generator) -> Tensor:
     return flipped
 
 
+def random_cutout(images: Tensor, size: int, generator: torch.Generator) -> Tensor:
+    """Zero one ``size`` x ``size`` square per image, centred anywhere (clipped at the borders)."""
+    if size <= 0:
+        return images
+    n, _, h, w = images.shape
+    centres = torch.randint(0, h * w, (n,), device=images.device, generator=generator)
+    rows = torch.arange(h, device=images.device)[None, :, None] - (centres // w)[:, None, None]
+    cols = torch.arange(w, device=images.device)[None, None, :] - (centres % w)[:, None, None]
+    half = size // 2
+    inside = (rows >= -half) & (rows < size - half) & (cols >= -half) & (cols < size - half)
+    return images.masked_fill(inside[:, None], 0)
+
+
 class BatchAugment:
     """The training-time augmentation policy, applied to a (N, 3, H, W) batch of any dtype."""
 
-    def __init__(self, crop_padding: int = 4, flip: bool = True) -> None:
+    def __init__(self, crop_padding: int = 4, flip: bool = True, cutout: int = 0) -> None:
         self.crop_padding = crop_padding
         self.flip = flip
+        self.cutout = cutout
         self.generator: torch.Generator | None = None
         self._seed = 0
         self._restored: torch.Tensor | None = None
@@ -71,4 +85,4 @@ class BatchAugment:
         images = random_crop(images, self.crop_padding, generator)
         if self.flip:
             images = random_flip(images, generator)
-        return images
+        return random_cutout(images, self.cutout, generator)

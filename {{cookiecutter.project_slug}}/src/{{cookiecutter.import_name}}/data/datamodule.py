@@ -33,6 +33,7 @@ class CifarDataModule(L.LightningDataModule):
         split_seed: int = 0,
         crop_padding: int = 4,
         flip: bool = True,
+        cutout: int = 0,
         download: bool = True,
         verify_checksum: bool = True,
         class_names: list[str] | None = None,
@@ -52,6 +53,7 @@ class CifarDataModule(L.LightningDataModule):
             split_seed: Seed of the fixed train/validation split (independent of the run's seed).
             crop_padding: Random-crop padding in pixels for training batches; 0 disables the crop.
             flip: Randomly mirror training images left to right.
+            cutout: Side in pixels of a square zeroed at a random place in each training image; 0 disables it.
             download: Download the official archive when it is not in ``data_dir``.
             verify_checksum: Check the archive's MD5 against the official one; false to use your own CIFAR-format data.
             class_names: Class names of your own CIFAR-format data; defaults to the official names.
@@ -87,7 +89,9 @@ class CifarDataModule(L.LightningDataModule):
         self.num_classes = len(self.class_names)
         self.mean = self.format.mean
         self.std = self.format.std
-        self.augment = BatchAugment(crop_padding=crop_padding, flip=flip)
+        if crop_padding < 0 or cutout < 0:
+            raise ValueError(f"data.crop_padding and data.cutout must be 0 or more, got {crop_padding} and {cutout}")
+        self.augment = BatchAugment(crop_padding=crop_padding, flip=flip, cutout=cutout)
         self.cache: Cache | None = None
         self.seed = 0
 
