@@ -10,6 +10,8 @@ left by a killed writer are removed on the next save into that folder.
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +51,19 @@ def remove_stale_temporaries(folder: Path) -> None:
     for stale in folder.glob(f"*.ckpt{TEMP_MARKER}*"):
         if not stale.name.endswith(own):
             stale.unlink(missing_ok=True)
+
+
+class CheckpointError(ValueError):
+    """A file that cannot be used as a checkpoint of this project; the message says why."""
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a checkpoint's contents (weights-only, on the CPU), or say what is wrong with the file."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as error:
+        reason = str(error).splitlines()[0]
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from error
+    if not isinstance(checkpoint, dict) or not {"state_dict", "hyper_parameters"} <= checkpoint.keys():
+        raise CheckpointError(f"{path} is not a checkpoint written by main.py fit of this project")
+    return checkpoint

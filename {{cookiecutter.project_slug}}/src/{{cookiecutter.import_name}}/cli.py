@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import zipfile
+from functools import cached_property
 from pathlib import Path
 
-import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from .checkpointing import CheckpointError, read_checkpoint
 from .config_hash import SHORT_LENGTH, canonical_config, config_hash
 from .data import CifarDataModule
 from .models import ImageClassifier
@@ -28,19 +27,6 @@ HASH_FILENAME = "config_hash.txt"
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
     return json.loads(parser.dump(config, format="json", skip_check=True))
-
-
-def read_checkpoint(path: str | os.PathLike) -> dict:
-    """Load a checkpoint's contents, or exit with a message that names the file and the problem."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as error:
-        reason = str(error).splitlines()[0]
-        message = f"error: --ckpt_path {path} is not a readable checkpoint (truncated or corrupt?): {reason}"
-        raise SystemExit(message) from error
-    if not isinstance(checkpoint, dict) or not {"state_dict", "hyper_parameters"} <= checkpoint.keys():
-        raise SystemExit(f"error: --ckpt_path {path} is not a checkpoint written by main.py fit of this project")
-    return checkpoint
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -65,11 +51,11 @@ class KeepFirstConfig(SaveConfigCallback):
     config also go into every checkpoint, and the hash to the logger's hyperparameters.
     """
 
-    @property
+    @cached_property
     def canonical(self) -> str:
         return canonical_config(resolved_config(self.parser, self.config))
 
-    @property
+    @cached_property
     def config_hash(self) -> str:
         return config_hash(resolved_config(self.parser, self.config))
 
@@ -124,7 +110,10 @@ class TrainerCLI(LightningCLI):
         subcommand = self.config.get("subcommand")  # self.subcommand is set only after this runs
         path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if path and os.path.isfile(path):
-            self.checkpoint = read_checkpoint(path)
+            try:
+                self.checkpoint = read_checkpoint(path)
+            except CheckpointError as error:
+                raise SystemExit(f"error: --ckpt_path {error}") from error
         super()._parse_ckpt_path()
 
     def before_instantiate_classes(self) -> None:

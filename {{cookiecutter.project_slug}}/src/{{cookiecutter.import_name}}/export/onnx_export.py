@@ -9,14 +9,13 @@ export and its checks succeeded, so a failed export never leaves a partial ``.on
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..checkpointing import CheckpointError, read_checkpoint
 from ..models import ImageClassifier
 
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
@@ -46,11 +45,9 @@ def load_model(ckpt_path: Path) -> tuple[ImageClassifier, dict]:
     if not ckpt_path.is_file():
         raise ExportError(f"checkpoint {ckpt_path} does not exist; pass the path of a .ckpt file with --ckpt_path")
     try:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as error:
-        raise ExportError(f"{ckpt_path} is not a readable checkpoint (truncated or corrupt?): {error}") from error
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
-        raise ExportError(f"{ckpt_path} is not a checkpoint of this project (no state_dict/hyper_parameters)")
+        checkpoint = read_checkpoint(ckpt_path)
+    except CheckpointError as error:
+        raise ExportError(str(error)) from error
     try:
         model = ImageClassifier.load_from_checkpoint(ckpt_path, map_location="cpu")
     except Exception as error:  # a checkpoint of another model fails in many ways
