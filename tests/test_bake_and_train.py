@@ -12,8 +12,8 @@ import yaml
 
 pytestmark = pytest.mark.slow
 
-# The rendered suite's multi-process DDP tests (marked slow there) train fastcnn whatever the
-# answers, so they run once, for the default render, to keep the whole suite near ten minutes.
+# The rendered suite's slow tests (multi-process DDP, kill and resume, the CIFAR-10 fast recipe)
+# do not depend on the answers, so they run once, for the default render, to keep the suite short.
 RENDERS = [
     pytest.param(({"project_name": "Baked Default"}, []), id="defaults"),
     pytest.param(

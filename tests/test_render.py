@@ -33,6 +33,7 @@ COMMON_FILES = {
     "pyproject.toml",
     "main.py",
     "export.py",
+    "configs/cifar10_fast.yaml",
     "configs/presets/early_stopping.yaml",
     "configs/presets/ddp.yaml",
     "configs/presets/debug.yaml",
@@ -52,6 +53,7 @@ COMMON_FILES = {
     "tests/test_cli.py",
     "tests/test_datamodule.py",
     "tests/test_export.py",
+    "tests/test_fast_recipe.py",
     "tests/test_model.py",
     "tests/test_reproducibility.py",
 }

@@ -3,8 +3,10 @@
 Same archive, same batch size, measured interleaved in one run (A, B, A, B, ...) so that machine
 noise hits both. Reports images/s for uint8 batch delivery, for delivery plus the training
 augmentation (this project: random crop + flip on the device; torchvision: RandomCrop,
-RandomHorizontalFlip, ToTensor, Normalize per image in the workers), and the peak resident memory
-of the loader with 0 and 2 workers. The last line is one JSON object with every figure.
+RandomHorizontalFlip, ToTensor, Normalize per image in the workers), each for this project's
+memory-mapped loader (0 and 2 workers) and its device-resident storage (``data.storage: device``:
+the split copied to ``--device`` once, batches gathered there), and the peak resident memory of
+the memory-mapped loader with 0 and 2 workers. The last line is one JSON object with every figure.
 
     python benchmarks/bench_data.py [--data_dir data] [--device cpu|cuda] [--quick]
 """
@@ -21,11 +23,13 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
 import numpy as np
 import torch
 import torchvision
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
@@ -77,16 +81,13 @@ def memory_probe(data_dir: Path, workers: int, batch_size: int, batches: int) ->
     print(peak_rss_mb())
 
 
-def rate(loader_factory, batches: int, device: torch.device, augment=None) -> float:
+def rate(loader_factory, batches: int, device: torch.device, deliver) -> float:
     """Images per second over ``batches`` batches, after one warm-up batch (worker start-up)."""
     iterator = iter(loader_factory())
     next(iterator)
     seen, start = 0, time.perf_counter()
     for _ in range(batches):
-        images, _labels = next(iterator)
-        images = images.to(device, non_blocking=True)
-        if augment is not None:
-            images = augment(images)
+        images = deliver(move_data_to_device(next(iterator), device))
         seen += images.shape[0]
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -116,10 +117,28 @@ def main() -> None:
             archive = synthetic_archive(scratch, 1200 if args.quick else 30000)
         with tarfile.open(archive) as tar:
             tar.extractall(scratch / "torchvision", filter="data")
-        ours_data = CifarDataModule(data_dir=str(archive.parent), verify_checksum=False, val_size=0)
-        ours_data.prepare_data()
-        ours_data.setup("fit")
-        ours_data.augment.seed(0)
+        # What the Trainer calls after moving a batch: on_after_batch_transfer (gather, augment).
+        # The few trainer attributes it reads are given directly.
+        ours_data, resident_data = (
+            CifarDataModule(data_dir=str(archive.parent), verify_checksum=False, val_size=0, storage=storage)
+            for storage in ("memmap", "device")
+        )
+        trainer = {"world_size": 1, "global_rank": 0, "strategy": SimpleNamespace(root_device=device)}
+        for data in (ours_data, resident_data):
+            data.trainer = SimpleNamespace(**trainer)
+            data.batch_size = args.batch_size
+            data.prepare_data()
+            data.setup("fit")
+            data.augment.seed(0)
+
+        def delivered(data: CifarDataModule, augmented: bool):
+            state = SimpleNamespace(**trainer, training=augmented, current_epoch=0)
+
+            def deliver(batch):
+                data.trainer = state
+                return data.on_after_batch_transfer(batch, 0)[0]
+
+            return deliver
 
         normalize = transforms.Normalize(CIFAR10.mean, CIFAR10.std)
         plain = transforms.PILToTensor()
@@ -127,9 +146,15 @@ def main() -> None:
             [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(), transforms.ToTensor(), normalize]
         )
 
-        def ours(workers: int):
-            ours_data.num_workers = workers
-            return lambda: ours_data.train_dataloader()
+        def ours(data: CifarDataModule, workers: int = 0):
+            def loader():
+                data.num_workers = workers
+                return data.train_dataloader()
+
+            return loader
+
+        def images_only(batch):
+            return batch[0]
 
         def theirs(workers: int, transform):
             dataset = ArchiveCIFAR10(str(scratch / "torchvision"), train=True, transform=transform)
@@ -138,20 +163,21 @@ def main() -> None:
                 persistent_workers=False, pin_memory=device.type == "cuda",
             )  # fmt: skip
 
-        ours_data.batch_size = args.batch_size
         cases = {
-            "ours_uint8_w0": (ours(0), None),
-            "ours_uint8_w2": (ours(2), None),
-            "ours_augmented_w2": (ours(2), ours_data.augment),
-            "torchvision_uint8_w0": (theirs(0, plain), None),
-            "torchvision_uint8_w2": (theirs(2, plain), None),
-            "torchvision_augmented_w0": (theirs(0, augmenting), None),
-            "torchvision_augmented_w2": (theirs(2, augmenting), None),
+            "ours_uint8_w0": (ours(ours_data, 0), delivered(ours_data, False)),
+            "ours_uint8_w2": (ours(ours_data, 2), delivered(ours_data, False)),
+            "ours_augmented_w2": (ours(ours_data, 2), delivered(ours_data, True)),
+            "ours_resident_uint8": (ours(resident_data), delivered(resident_data, False)),
+            "ours_resident_augmented": (ours(resident_data), delivered(resident_data, True)),
+            "torchvision_uint8_w0": (theirs(0, plain), images_only),
+            "torchvision_uint8_w2": (theirs(2, plain), images_only),
+            "torchvision_augmented_w0": (theirs(0, augmenting), images_only),
+            "torchvision_augmented_w2": (theirs(2, augmenting), images_only),
         }
         samples: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(args.rounds):
-            for name, (factory, augment) in cases.items():
-                samples[name].append(rate(factory, args.batches, device, augment))
+            for name, (factory, deliver) in cases.items():
+                samples[name].append(rate(factory, args.batches, device, deliver))
         result = {name: statistics.median(values) for name, values in samples.items()}
 
         # Each in a fresh process: peak memory of the loader alone (itself plus its workers).
@@ -165,6 +191,8 @@ def main() -> None:
     ratios = {
         "uint8_delivery_vs_torchvision": max(result["ours_uint8_w0"], result["ours_uint8_w2"]) / best_theirs_uint8,
         "augmented_vs_torchvision": result["ours_augmented_w2"] / best_theirs_aug,
+        "resident_uint8_vs_torchvision": result["ours_resident_uint8"] / best_theirs_uint8,
+        "resident_augmented_vs_torchvision": result["ours_resident_augmented"] / best_theirs_aug,
     }
     print(f"{'loader':<28}{'images/s':>14}")
     for name, value in result.items():

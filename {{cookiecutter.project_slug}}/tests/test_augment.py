@@ -1,7 +1,14 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.import_name }}.data.augment import BatchAugment, random_crop, random_cutout, random_flip
+from {{ cookiecutter.import_name }}.data.augment import (
+    BatchAugment,
+    alternating_flip,
+    random_crop,
+    random_cutout,
+    random_flip,
+)
 
 
 def batch(n=16):
@@ -9,7 +16,7 @@ def batch(n=16):
 
 
 def test_shapes_and_dtype_are_kept():
-    out = BatchAugment(crop_padding=4, flip=True)(batch())
+    out = BatchAugment(crop_padding=4, flip="random")(batch())
     assert out.shape == (16, 3, 32, 32) and out.dtype == torch.uint8
 
 
@@ -22,6 +29,38 @@ def test_crop_is_a_window_of_the_zero_padded_image():
             (dy, dx) for dy in range(9) for dx in range(9) if torch.equal(image[:, dy : dy + 32, dx : dx + 32], cropped)
         ]
         assert windows, "every output must be one 32x32 window of the padded input"
+
+
+def test_reflect_crop_is_a_window_of_the_reflection_padded_image():
+    images = batch(8)
+    out = random_crop(images, 2, torch.Generator().manual_seed(1), padding_mode="reflect")
+    padded = F.pad(images.float(), (2, 2, 2, 2), mode="reflect").to(torch.uint8)
+    offsets = set()
+    for image, cropped in zip(padded, out, strict=True):
+        windows = [
+            (dy, dx) for dy in range(5) for dx in range(5) if torch.equal(image[:, dy : dy + 32, dx : dx + 32], cropped)
+        ]
+        assert windows, "every output must be one 32x32 window of the reflection-padded input"
+        offsets.update(windows)
+    assert len(offsets) > 1
+
+
+def test_alternating_flip_shows_each_image_both_ways_over_two_epochs():
+    images, ids = batch(64), torch.arange(1000, 1064)
+    first, second = (alternating_flip(images, ids, epoch, seed=5) for epoch in (0, 1))
+    third = alternating_flip(images, ids, 2, seed=5)
+    for image, a, b in zip(images, first, second, strict=True):
+        assert {a.flip(-1).tolist() == image.tolist(), b.flip(-1).tolist() == image.tolist()} == {True, False}
+    assert torch.equal(first, third)  # the orientation depends on the epoch's parity only
+    flipped = sum(not torch.equal(a, i) for a, i in zip(first, images, strict=True))
+    assert 16 < flipped < 48  # a fixed pseudo-random half starts mirrored
+    assert not torch.equal(first, alternating_flip(images, ids, 0, seed=6))
+
+
+def test_alternating_flip_needs_image_ids():
+    augment = BatchAugment(crop_padding=0, flip="alternating")
+    with pytest.raises(ValueError, match="id"):
+        augment(batch())
 
 
 def test_flip_mirrors_some_images_and_keeps_the_rest():
@@ -45,7 +84,7 @@ def test_same_seed_same_augmentation_other_seed_other():
 
 def test_disabled_policy_is_identity():
     images = batch()
-    assert torch.equal(BatchAugment(crop_padding=0, flip=False)(images), images)
+    assert torch.equal(BatchAugment(crop_padding=0, flip="none")(images), images)
 
 
 def test_cutout_zeroes_one_square_per_image():

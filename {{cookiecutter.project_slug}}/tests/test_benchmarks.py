@@ -18,7 +18,14 @@ pytestmark = pytest.mark.slow
     [
         (
             "bench_data.py",
-            {"ours_uint8_w2", "torchvision_augmented_w2", "augmented_vs_torchvision", "ours_peak_rss_mb_w2"},
+            {
+                "ours_uint8_w2",
+                "ours_resident_augmented",
+                "torchvision_augmented_w2",
+                "augmented_vs_torchvision",
+                "resident_uint8_vs_torchvision",
+                "ours_peak_rss_mb_w2",
+            },
         ),
         ("bench_step.py", {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_plain"}),
     ],

@@ -16,6 +16,7 @@ from {{ cookiecutter.import_name }}.callbacks import (
     ConfusionMatrix,
     GradientHistograms,
     GradScaleWatchdog,
+    Lookahead,
     SampleGrid,
 )
 from {{ cookiecutter.import_name }}.data import CifarDataModule
@@ -152,3 +153,31 @@ def test_watchdog_stops_a_diverged_fp32_run(data_dir, tmp_path):
     assert trainer.global_step < 8 and watchdog.skipped_steps >= 2
     # weights_only=False: this test's optimizer is a functools.partial, which lands in the hparams
     assert torch.load(watchdog.stop_checkpoint, weights_only=False)["global_step"] == trainer.global_step
+
+
+def test_lookahead_pulls_weights_to_the_slow_copy_on_its_schedule():
+    net = torch.nn.Linear(3, 2)
+    lookahead = Lookahead(every_n_steps=5, decay=0.9, power=2.0)
+    lookahead.on_train_start(None, net)
+    start = net.weight.detach().clone()
+
+    def step_to(step, total=20):
+        with torch.no_grad():
+            net.weight.add_(1.0)
+        trainer = SimpleNamespace(global_step=step, estimated_stepping_batches=total)
+        lookahead.on_train_batch_end(trainer, net, None, None, 0)
+
+    step_to(4)  # not a multiple of 5: untouched
+    assert torch.allclose(net.weight, start + 1)
+    step_to(5)  # pull by 1 - 0.9**5 * (5/20)**2: the slow copy moves almost all the way
+    decay = 0.9**5 * 0.25**2
+    expected = start + (1 - decay) * 2
+    assert torch.allclose(net.weight, expected) and torch.allclose(lookahead.slow["weight"], expected)
+    slow = lookahead.slow["weight"].clone()
+    step_to(20)  # the last step: a regular pull, then the weights become the slow copy
+    decay = 0.9**5
+    assert torch.allclose(net.weight, slow + (1 - decay) * (slow + 1 - slow))
+    restored = Lookahead()
+    restored.load_state_dict(lookahead.state_dict())
+    restored.on_train_start(None, net)
+    assert torch.equal(restored.slow["weight"], lookahead.slow["weight"])

@@ -5,8 +5,16 @@ import torch
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.archive import DataError
+from {{ cookiecutter.import_name }}.data.dataset import Positions
 
 from .conftest import DATASET
+
+CPU = SimpleNamespace(root_device=torch.device("cpu"))
+
+
+def fake_trainer(world_size=1, global_rank=0, **state):
+    """The few trainer attributes the DataModule reads, without starting a Trainer."""
+    return SimpleNamespace(world_size=world_size, global_rank=global_rank, strategy=CPU, **state)
 
 
 def ready(data_dir, **kwargs):
@@ -18,9 +26,10 @@ def ready(data_dir, **kwargs):
 
 def test_train_batches_are_whole_uint8_batches(data_dir):
     dm = ready(data_dir, batch_size=16, val_size=32)
-    images, labels = next(iter(dm.train_dataloader()))
+    images, labels, ids = next(iter(dm.train_dataloader()))
     assert images.shape == (16, 3, 32, 32) and images.dtype == torch.uint8
     assert labels.shape == (16,) and labels.dtype == torch.int64
+    assert set(ids.tolist()) <= set(dm.train_set.indices.tolist())  # each image's row in the file
     assert len(dm.train_dataloader()) == (192 - 32) // 16
 
 
@@ -62,14 +71,25 @@ def test_batch_larger_than_the_training_set_is_refused(data_dir):
         ready(data_dir, batch_size=1000, val_size=32)
 
 
-@pytest.mark.parametrize(("key", "value"), [("batch_size", 0), ("val_size", -1), ("dataset", "mnist"), ("cutout", -2)])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("batch_size", 0),
+        ("val_size", -1),
+        ("dataset", "mnist"),
+        ("cutout", -2),
+        ("flip", "sometimes"),
+        ("storage", "disk"),
+        ("crop_padding_mode", "wrap"),
+    ],
+)
 def test_bad_arguments_are_refused(key, value):
     with pytest.raises(ValueError, match=f"data.{key}"):
         CifarDataModule(**{key: value})
 
 
 def test_global_batch_size_is_split_over_devices_or_refused(data_dir):
-    two_devices = SimpleNamespace(world_size=2, global_rank=1)
+    two_devices = fake_trainer(world_size=2, global_rank=1)
     dm = CifarDataModule(
         data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=32
     )
@@ -91,9 +111,53 @@ def test_distributed_evaluation_shards_are_disjoint_and_unpadded(data_dir):
         dm = CifarDataModule(
             data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=31, eval_batch_size=8
         )
-        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+        dm.trainer = fake_trainer(world_size=2, global_rank=rank)
         dm.prepare_data()
         dm.setup("validate")
         shards.append([i for batch in dm.val_dataloader().batch_sampler for i in batch])
     assert len(shards[0]) + len(shards[1]) == 31  # 16 + 15: nothing repeated to even them out
     assert set(shards[0]) | set(shards[1]) == set(range(31))
+
+
+def epoch_of_batches(storage, data_dir, epoch):
+    """Every training batch of one epoch as the training step receives it (augmented), and the loader."""
+    dm = CifarDataModule(
+        data_dir=str(data_dir), verify_checksum=False, num_workers=0, batch_size=16, val_size=32,
+        flip="alternating", crop_padding_mode="reflect", cutout=6, storage=storage,
+    )  # fmt: skip
+    dm.trainer = fake_trainer(training=True, current_epoch=epoch)
+    dm.prepare_data()
+    torch.manual_seed(3)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(epoch)
+    return [dm.on_after_batch_transfer(batch, 0) for batch in loader], loader, dm
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_device_storage_trains_on_exactly_the_memory_mapped_batches(data_dir, epoch):
+    resident, resident_loader, dm = epoch_of_batches("device", data_dir, epoch)
+    mapped, _, _ = epoch_of_batches("memmap", data_dir, epoch)
+    assert isinstance(next(iter(resident_loader)), Positions) and resident_loader.num_workers == 0
+    assert dm.resident["train"].tensors[0].shape == (160, 3, 32, 32)
+    assert dm.resident["val"] is not dm.resident["test"]
+    assert len(resident) == len(mapped) == 10
+    for (images, labels), (expected_images, expected_labels) in zip(resident, mapped, strict=True):
+        assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
+    dm.trainer.training = False
+    evaluated = [dm.on_after_batch_transfer(batch, 0) for batch in dm.val_dataloader()]
+    expected = torch.from_numpy(dm.val_set.arrays[1][dm.val_set.indices])
+    assert torch.equal(torch.cat([labels for _, labels in evaluated]), expected)
+
+
+def test_auto_storage_memory_maps_off_the_gpu(data_dir):
+    dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=2, batch_size=16, val_size=0)
+    dm.trainer = fake_trainer()
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.resident == {} and dm.train_dataloader().num_workers == 2
+    resident = CifarDataModule(
+        data_dir=str(data_dir), verify_checksum=False, batch_size=16, val_size=0, storage="device"
+    )
+    resident.setup("fit")
+    assert resident.resident["val"] is resident.resident["test"]  # copied once

@@ -51,7 +51,7 @@ def ddp_args(root, *extra):
     return [
         "fit", "--config", str(default_config()), "--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"),
         "--config", str(probe), *FAST_ARGS, f"--data.data_dir={root / 'data'}", "--data.crop_padding=0",
-        "--data.flip=false", "--trainer.max_epochs=2", *extra,
+        "--data.flip=none", "--trainer.max_epochs=2", *extra,
     ]  # fmt: skip
 
 

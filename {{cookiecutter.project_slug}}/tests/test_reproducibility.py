@@ -55,6 +55,7 @@ def test_two_runs_of_one_config_are_identical(tmp_path, monkeypatch):
     assert runs[0][1] == runs[1][1]
 
 
+@pytest.mark.slow  # processes killed and restarted
 def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
     args = fit_args("data", "--trainer.max_epochs=4", "--data.batch_size=8")
     write_tiny_archive(tmp_path / "whole" / "data")
@@ -76,6 +77,7 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
     assert_same_weights(weights(whole), weights(last))
 
 
+@pytest.mark.slow  # processes killed and restarted
 def test_sigterm_saves_a_checkpoint_and_the_run_continues_from_it(tmp_path):
     args = fit_args("data", "--trainer.max_epochs=3", "--data.batch_size=8")
     write_tiny_archive(tmp_path / "data")
@@ -108,6 +110,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # processes killed and restarted
 def test_a_kill_during_a_checkpoint_write_never_leaves_a_broken_checkpoint(tmp_path):
     target = tmp_path / "checkpoints" / "last.ckpt"
     for delay in (0.05, 0.13, 0.21, 0.37):

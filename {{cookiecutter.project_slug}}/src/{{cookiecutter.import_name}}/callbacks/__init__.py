@@ -1,8 +1,9 @@
-"""Callbacks that make training observable; each is configured under ``trainer.callbacks``."""
+"""Callbacks that make training observable, and the fast recipe's lookahead; each is set under ``trainer.callbacks``."""
 
 from .confusion_matrix import ConfusionMatrix
 from .grad_scale_watchdog import GradScaleWatchdog
 from .gradient_histograms import GradientHistograms
+from .lookahead import Lookahead
 from .model_report import ModelReport
 from .random_state import RandomState
 from .sample_grid import SampleGrid
@@ -13,6 +14,7 @@ __all__ = [
     "GradScaleWatchdog",
     "GradientHistograms",
     "ImageThroughput",
+    "Lookahead",
     "ModelReport",
     "RandomState",
     "SampleGrid",

@@ -1,4 +1,4 @@
-"""CIFAR-10/100 as a LightningDataModule: memory-mapped uint8 batches, augmented on the device."""
+"""CIFAR-10/100 as a LightningDataModule: uint8 batches (memory-mapped or device-resident), augmented on the device."""
 
 from __future__ import annotations
 
@@ -9,13 +9,18 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .archive import Cache, DataError, load_cache, prepare
-from .augment import BatchAugment
+from .augment import BatchAugment, FlipMode, PaddingMode
 from .cifar_format import FORMATS
-from .dataset import MemmapBatches, keep_batch
+from .dataset import MemmapBatches, Positions, ResidentBatches, keep_batch
+
+Storage = Literal["auto", "device", "memmap"]
+# "auto" keeps the data on a GPU when it takes at most this share of the GPU's free memory.
+RESIDENT_SHARE_OF_FREE_MEMORY = 0.25
 
 
 class CifarDataModule(L.LightningDataModule):
@@ -32,8 +37,10 @@ class CifarDataModule(L.LightningDataModule):
         val_size: int = 5000,
         split_seed: int = 0,
         crop_padding: int = 4,
-        flip: bool = True,
+        crop_padding_mode: PaddingMode = "zeros",
+        flip: FlipMode = "random",
         cutout: int = 0,
+        storage: Storage = "auto",
         download: bool = True,
         verify_checksum: bool = True,
         class_names: list[str] | None = None,
@@ -52,8 +59,13 @@ class CifarDataModule(L.LightningDataModule):
             val_size: Training images held out for validation; 0 validates on the test set instead.
             split_seed: Seed of the fixed train/validation split (independent of the run's seed).
             crop_padding: Random-crop padding in pixels for training batches; 0 disables the crop.
-            flip: Randomly mirror training images left to right.
+            crop_padding_mode: What the crop shows beyond the border: zeros, or a reflection of the image.
+            flip: Left-right mirroring of training images: random (each image, each epoch), alternating
+                (each image in a fixed random orientation, mirrored on odd epochs) or none.
             cutout: Side in pixels of a square zeroed at a random place in each training image; 0 disables it.
+            storage: Where the images live: device (copied once to the accelerator; batches are gathered
+                there, no workers), memmap (memory-mapped, gathered by workers), or auto (device on a GPU
+                with room to spare, else memmap).
             download: Download the official archive when it is not in ``data_dir``.
             verify_checksum: Check the archive's MD5 against the official one; false to use your own CIFAR-format data.
             class_names: Class names of your own CIFAR-format data; defaults to the official names.
@@ -91,8 +103,12 @@ class CifarDataModule(L.LightningDataModule):
         self.std = self.format.std
         if crop_padding < 0 or cutout < 0:
             raise ValueError(f"data.crop_padding and data.cutout must be 0 or more, got {crop_padding} and {cutout}")
-        self.augment = BatchAugment(crop_padding=crop_padding, flip=flip, cutout=cutout)
+        if storage not in ("auto", "device", "memmap"):
+            raise ValueError(f"data.storage must be auto, device or memmap, got {storage!r}")
+        self.storage = storage
+        self.augment = BatchAugment(crop_padding, flip, cutout, crop_padding_mode)
         self.cache: Cache | None = None
+        self.resident: dict[str, ResidentBatches] = {}
         self.seed = 0
 
     def prepare_data(self) -> None:
@@ -113,7 +129,7 @@ class CifarDataModule(L.LightningDataModule):
             raise DataError(f"data.val_size={self.val_size} leaves no training images (the archive has {num_train})")
         order = np.random.default_rng(self.split_seed).permutation(num_train)
         held_out, kept = np.sort(order[: self.val_size]), np.sort(order[self.val_size :])
-        self.train_set = MemmapBatches(train.images, train.labels, kept)
+        self.train_set = MemmapBatches(train.images, train.labels, kept, with_ids=True)
         test = self.cache.split("test")
         self.test_set = MemmapBatches(test.images, test.labels)
         self.val_set = MemmapBatches(train.images, train.labels, held_out) if self.val_size else self.test_set
@@ -132,9 +148,46 @@ class CifarDataModule(L.LightningDataModule):
             )
         rank = self.trainer.global_rank if self.trainer is not None else 0
         self.seed = torch.initial_seed()  # the run's seed (seed_everything)
-        self.augment.seed(self.seed + rank)
+        self.augment.seed(self.seed + rank, image_seed=self.seed)
+        self._place_splits()
 
-    def _loader(self, dataset: MemmapBatches, batch_size: int, train: bool) -> DataLoader:
+    def _place_splits(self) -> None:
+        """Copy the splits to the accelerator when ``storage`` says so (once: setup runs per stage)."""
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        if not self._keep_on(device):
+            self.resident = {}
+            return
+        if self.resident and next(iter(self.resident.values())).tensors[0].device == device:
+            return
+        copies: dict[int, ResidentBatches] = {}  # validation may be the test split: copy it once
+        for name, split in self._splits().items():
+            if id(split) not in copies:
+                copies[id(split)] = ResidentBatches(name, split, device)
+            self.resident[name] = copies[id(split)]
+        megabytes = sum(split.nbytes for split in copies.values()) / 2**20
+        rank_zero_info(f"Data: {self.format.title} resident on {device} ({megabytes:.0f} MB); no loader workers")
+
+    def _keep_on(self, device: torch.device) -> bool:
+        if self.storage != "auto":
+            return self.storage == "device"
+        if device.type != "cuda":
+            return False
+        needed = sum(np.load(path, mmap_mode="r").nbytes for path in self.train_set.paths)
+        return needed <= RESIDENT_SHARE_OF_FREE_MEMORY * torch.cuda.mem_get_info(device)[0]
+
+    def _splits(self) -> dict[str, MemmapBatches]:
+        return {"train": self.train_set, "val": self.val_set, "test": self.test_set}
+
+    def train_images(self, count: int) -> Tensor:
+        """The first ``count`` training images (uint8, on the CPU), in their fixed order: for fitting layers to data."""
+        if self.cache is None:
+            raise DataError("train_images() needs setup() to have run")
+        return self.train_set.__getitems__(range(min(count, len(self.train_set))))[0]
+
+    def _loader(self, split: str, batch_size: int, train: bool) -> DataLoader:
+        memmapped = self._splits()[split]
+        dataset = self.resident.get(split, memmapped)
+        workers = 0 if self.resident else self.num_workers
         world_size = self.trainer.world_size if self.trainer is not None else 1
         rank = self.trainer.global_rank if self.trainer is not None else 0
         if train:
@@ -143,12 +196,12 @@ class CifarDataModule(L.LightningDataModule):
             # stream was used before, so a resumed run sees exactly the batches it would have seen.
             # Lightning keeps a DistributedSampler it is given and calls set_epoch on it every epoch.
             sampler = DistributedSampler(
-                dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed, drop_last=True
+                memmapped, num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed, drop_last=True
             )
         elif world_size > 1:
             # Disjoint, unpadded shards: each image is evaluated exactly once over all ranks, so the
             # synchronized metrics equal a single-process evaluation (Lightning's default would pad).
-            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+            sampler = UnrepeatedDistributedSampler(memmapped, num_replicas=world_size, rank=rank, shuffle=False)
         else:
             sampler = None
         return DataLoader(
@@ -156,23 +209,23 @@ class CifarDataModule(L.LightningDataModule):
             batch_size=batch_size,
             sampler=sampler,
             drop_last=train,
-            num_workers=self.num_workers,
+            num_workers=workers,
             collate_fn=keep_batch,
-            pin_memory=self.pin_memory and torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
+            pin_memory=self.pin_memory and not self.resident and torch.cuda.is_available(),
+            persistent_workers=workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, self.batch_size, train=True)
+        return self._loader("train", self.batch_size, train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, self.eval_batch_size, train=False)
+        return self._loader("val", self.eval_batch_size, train=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, self.eval_batch_size, train=False)
+        return self._loader("test", self.eval_batch_size, train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, self.eval_batch_size, train=False)
+        return self._loader("test", self.eval_batch_size, train=False)
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpointed with the run: where the augmentation's random stream stands."""
@@ -181,9 +234,14 @@ class CifarDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.augment.set_state(state_dict.get("augment_generator"))
 
-    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Lightning also routes the model's example input (a bare tensor) through here: leave it be.
-        if isinstance(batch, Tensor) or self.trainer is None or not self.trainer.training:
+        if isinstance(batch, Tensor):
             return batch
-        images, labels = batch
-        return self.augment(images), labels
+        if isinstance(batch, Positions):
+            batch = self.resident[batch.split].gather(batch.positions)
+        images, labels, *ids = batch
+        if self.trainer is not None and self.trainer.training:
+            epoch = self.trainer.current_epoch
+            images = self.augment(images, ids[0] if ids else None, epoch)
+        return images, labels

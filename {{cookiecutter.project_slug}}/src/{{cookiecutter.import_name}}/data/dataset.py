@@ -1,15 +1,16 @@
-"""A map-style dataset that hands out whole batches gathered from memory-mapped arrays.
+"""Map-style datasets that hand out whole batches: from memory-mapped arrays, or from the device.
 
 ``DataLoader`` calls ``__getitems__`` with a batch of indices, so a batch is one fancy
-index into the page cache rather than N ``__getitem__`` calls and a collate. Because it
-is an ordinary map-style dataset under an ordinary sampler, Lightning can swap in a
-``DistributedSampler`` under DDP and every rank reads its own shard.
+index into the page cache rather than N ``__getitem__`` calls and a collate. Because these
+are ordinary map-style datasets under an ordinary sampler, the batch order is the sampler's
+(a ``DistributedSampler`` under DDP), whichever of the two stores the pixels.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -18,11 +19,16 @@ from torch.utils.data import Dataset
 
 
 class MemmapBatches(Dataset):
-    """Images (N, 3, 32, 32) uint8 and labels (N,) int64, optionally restricted to ``indices``."""
+    """Images (N, 3, 32, 32) uint8 and labels (N,) int64, optionally restricted to ``indices``.
 
-    def __init__(self, images: Path, labels: Path, indices: np.ndarray | None = None) -> None:
+    With ``with_ids`` a batch also carries each image's row in its file: a stable identity that
+    per-image augmentations (the alternating flip) key on.
+    """
+
+    def __init__(self, images: Path, labels: Path, indices: np.ndarray | None = None, with_ids: bool = False) -> None:
         self.paths = (Path(images), Path(labels))
         self.indices = indices
+        self.with_ids = with_ids
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None
         self._length = len(indices) if indices is not None else len(self.arrays[1])
 
@@ -39,18 +45,51 @@ class MemmapBatches(Dataset):
     def __len__(self) -> int:
         return self._length
 
-    def __getitems__(self, positions: Sequence[int]) -> tuple[Tensor, Tensor]:
+    def __getitems__(self, positions: Sequence[int]) -> tuple[Tensor, ...]:
         rows = np.asarray(positions, dtype=np.int64)
         if self.indices is not None:
             rows = self.indices[rows]
         images, labels = self.arrays
-        return torch.from_numpy(images[rows]), torch.from_numpy(labels[rows])
+        batch = (torch.from_numpy(images[rows]), torch.from_numpy(labels[rows]))
+        return (*batch, torch.from_numpy(rows)) if self.with_ids else batch
 
-    def __getitem__(self, position: int) -> tuple[Tensor, Tensor]:
-        images, labels = self.__getitems__([position])
-        return images[0], labels[0]
+    def __getitem__(self, position: int) -> tuple[Tensor, ...]:
+        return tuple(part[0] for part in self.__getitems__([position]))
 
 
-def keep_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """Collate function for ``MemmapBatches``: the dataset already returns a stacked batch."""
+class Positions(NamedTuple):
+    """A batch of a device-resident split before it is gathered: which split, which positions."""
+
+    split: str
+    positions: Tensor
+
+
+class ResidentBatches(Dataset):
+    """A whole split copied once to ``device``; the loader only hands out positions.
+
+    The positions (a few kilobytes) are what crosses to the device each step; the DataModule
+    gathers the pixels there, so there are no workers and no per-step host-to-device image copy.
+    """
+
+    def __init__(self, split: str, source: MemmapBatches, device: torch.device) -> None:
+        self.split = split
+        self.tensors = tuple(part.to(device) for part in source.__getitems__(range(len(source))))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitems__(self, positions: Sequence[int]) -> Positions:
+        return Positions(self.split, torch.as_tensor(positions, dtype=torch.int64))
+
+    def gather(self, positions: Tensor) -> tuple[Tensor, ...]:
+        """The batch at ``positions`` (a tensor on the split's device)."""
+        return tuple(part[positions] for part in self.tensors)
+
+
+def keep_batch(batch: tuple[Tensor, ...] | Positions) -> tuple[Tensor, ...] | Positions:
+    """Collate function for these datasets: they already return a whole batch."""
     return batch

@@ -2,7 +2,10 @@
 
 ``fastcnn`` follows the shape of the fastest published CIFAR-10 trainers (three
 conv-pool-norm groups, GELU, a max-pooled head): few layers, wide channels, little
-memory traffic. The torchvision ResNets are adapted to 32x32 the usual way: a 3x3
+memory traffic. ``airbench`` is that network exactly as airbench94 builds it (Keller Jordan,
+"94% on CIFAR-10 in 3.29 seconds on a single GPU", arXiv:2404.00498): a frozen patch-whitening
+first layer fitted to the data, identity-initialized convolutions, BatchNorm with frozen scales,
+and a scaled linear head. The torchvision ResNets are adapted to 32x32 the usual way: a 3x3
 stride-1 stem and no max-pool, so the first stage still sees the full image.
 """
 
@@ -10,10 +13,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from torchvision.models import resnet18, resnet34, resnet50
 
-BackboneName = Literal["fastcnn", "resnet18", "resnet34", "resnet50"]
+BackboneName = Literal["fastcnn", "airbench", "resnet18", "resnet34", "resnet50"]
 RESNETS = {"resnet18": resnet18, "resnet34": resnet34, "resnet50": resnet50}
 RESNET_WIDTH = 64
 
@@ -46,6 +50,95 @@ def fastcnn(num_classes: int, width: int) -> nn.Sequential:
     )
 
 
+class PatchWhitening(nn.Conv2d):
+    """A 2x2 convolution whose filters whiten image patches: fitted to data once, never trained.
+
+    The filters are the eigenvectors of the patch covariance scaled by 1/sqrt(eigenvalue + eps),
+    and their negations (so a following GELU keeps both signs). Only the bias may train.
+    """
+
+    def __init__(self, in_channels: int = 3, patch_size: int = 2, eps: float = 5e-4) -> None:
+        super().__init__(in_channels, 2 * in_channels * patch_size**2, kernel_size=patch_size, bias=True)
+        self.eps = eps
+        self.weight.requires_grad_(False)
+
+    @torch.no_grad()
+    def fit(self, images: Tensor, chunk_size: int = 500) -> None:
+        """Set the filters from normalized float images (N, C, H, W); float64 on the CPU, so every process agrees."""
+        channels, (height, width) = images.shape[1], self.kernel_size
+        size = channels * height * width
+        covariance = torch.zeros(size, size, dtype=torch.float64)
+        count = 0
+        for chunk in images.detach().cpu().double().split(chunk_size):
+            patches = chunk.unfold(2, height, 1).unfold(3, width, 1)  # (N, C, H', W', h, w)
+            patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, size)
+            covariance += patches.T @ patches
+            count += len(patches)
+        eigenvalues, eigenvectors = torch.linalg.eigh(covariance / count)
+        # Largest eigenvalue first; eigenvectors are the columns.
+        filters = eigenvectors.T.flip(0) / torch.sqrt(eigenvalues.flip(0) + self.eps)[:, None]
+        filters = filters.reshape(size, channels, height, width)
+        self.weight.copy_(torch.cat((filters, -filters)).to(self.weight.dtype))
+
+
+class IdentityInitConv(nn.Conv2d):
+    """A 3x3 convolution whose first ``in_channels`` filters start as the identity (no residual needed)."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__(in_channels, out_channels, kernel_size=3, padding="same", bias=False)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.dirac_(self.weight.data[: self.in_channels])
+
+
+def frozen_scale_norm(channels: int) -> nn.BatchNorm2d:
+    """BatchNorm whose scale stays 1; only the shift trains (airbench: momentum 0.6 in its convention)."""
+    norm = nn.BatchNorm2d(channels, eps=1e-12, momentum=0.4)
+    norm.weight.requires_grad_(False)
+    return norm
+
+
+class Scale(nn.Module):
+    """Multiply by a constant (airbench's head temperature)."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.factor
+
+
+def airbench_group(in_channels: int, out_channels: int) -> nn.Sequential:
+    return nn.Sequential(
+        IdentityInitConv(in_channels, out_channels),
+        nn.MaxPool2d(2),
+        frozen_scale_norm(out_channels),
+        nn.GELU(),
+        IdentityInitConv(out_channels, out_channels),
+        frozen_scale_norm(out_channels),
+        nn.GELU(),
+    )
+
+
+def airbench(num_classes: int, width: int) -> nn.Sequential:
+    """airbench94's network: whitening, groups of widths (width, 4*width, 4*width), 31 -> 15 -> 7 -> 3 -> 1 pixels."""
+    widths = (width, 4 * width, 4 * width)
+    whitening = PatchWhitening()
+    return nn.Sequential(
+        whitening,
+        nn.GELU(),
+        airbench_group(whitening.out_channels, widths[0]),
+        airbench_group(widths[0], widths[1]),
+        airbench_group(widths[1], widths[2]),
+        nn.MaxPool2d(3),
+        nn.Flatten(),
+        nn.Linear(widths[2], num_classes, bias=False),
+        Scale(1 / 9),
+    )
+
+
 def cifar_resnet(name: str, num_classes: int) -> nn.Module:
     model = RESNETS[name](num_classes=num_classes)
     model.conv1 = nn.Conv2d(3, RESNET_WIDTH, kernel_size=3, stride=1, padding=1, bias=False)
@@ -55,10 +148,10 @@ def cifar_resnet(name: str, num_classes: int) -> nn.Module:
 
 def build_backbone(name: BackboneName, num_classes: int, width: int = 64) -> nn.Module:
     """Return a network mapping normalized (N, 3, 32, 32) images to (N, num_classes) logits."""
-    if name == "fastcnn":
+    if name in ("fastcnn", "airbench"):
         if width < 1:
             raise ValueError(f"model.width must be a positive integer, got {width}")
-        return fastcnn(num_classes, width)
+        return fastcnn(num_classes, width) if name == "fastcnn" else airbench(num_classes, width)
     if name in RESNETS:
         if width != RESNET_WIDTH:
             raise ValueError(
@@ -66,4 +159,4 @@ def build_backbone(name: BackboneName, num_classes: int, width: int = 64) -> nn.
                 f"of {RESNET_WIDTH}; leave model.width at {RESNET_WIDTH} or use model.backbone fastcnn"
             )
         return cifar_resnet(name, num_classes)
-    raise ValueError(f"unknown model.backbone {name!r}; choose one of fastcnn, {', '.join(RESNETS)}")
+    raise ValueError(f"unknown model.backbone {name!r}; choose one of fastcnn, airbench, {', '.join(RESNETS)}")

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, OneCycleLR, SequentialLR
+from torch.optim.lr_scheduler import (
+    CosineAnnealingLR,
+    LambdaLR,
+    LinearLR,
+    LRScheduler,
+    OneCycleLR,
+    SequentialLR,
+)
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from .backbones import BackboneName, build_backbone
+from .backbones import BackboneName, PatchWhitening, build_backbone
 
-Schedule = Literal["onecycle", "warmup_cosine", "constant"]
+Schedule = Literal["onecycle", "warmup_cosine", "triangle", "constant"]
+TestTimeAugmentation = Literal["none", "flip", "flip_translate"]
+NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 class Normalize(nn.Module):
@@ -48,6 +59,16 @@ class ImageClassifier(L.LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_schedule: Schedule = "onecycle",
         warmup_fraction: float = 0.2,
+        lr_start_factor: float = 0.2,
+        lr_end_factor: float = 0.07,
+        norm_bias_lr_scale: float = 1.0,
+        test_time_augmentation: TestTimeAugmentation = "none",
+        whitening_images: int = 5000,
+        whitening_bias_epochs: int = 3,
+        channels_last: bool = False,
+        compile: bool = False,
+        compile_mode: str | None = None,
+        compile_backend: str = "inductor",
     ) -> None:
         """Build the network and its metrics.
 
@@ -56,23 +77,45 @@ class ImageClassifier(L.LightningModule):
             class_names: Class names, stored in checkpoints (linked from the data).
             mean: Per-channel mean of the data in [0, 1] (linked from the data).
             std: Per-channel standard deviation of the data in [0, 1] (linked from the data).
-            backbone: Network architecture: fastcnn, resnet18, resnet34 or resnet50.
-            width: Channels of fastcnn's first group (the later groups have 4x); ResNets need 64.
+            backbone: Network architecture: fastcnn, airbench, resnet18, resnet34 or resnet50.
+            width: Channels of the first group of fastcnn/airbench (the later groups have 4x); ResNets need 64.
             label_smoothing: Label smoothing of the cross-entropy loss.
             optimizer: Optimizer class and arguments; defaults to SGD(lr=0.1, momentum=0.9, nesterov, wd=5e-4).
-            lr_schedule: Per-step learning-rate schedule over the whole run: onecycle, warmup_cosine or constant.
-            warmup_fraction: Fraction of all optimizer steps spent warming up (onecycle and warmup_cosine).
+            lr_schedule: Per-step learning-rate schedule over the whole run: onecycle, warmup_cosine,
+                triangle (linear up from lr_start_factor, then linear down to lr_end_factor) or constant.
+            warmup_fraction: Fraction of all optimizer steps spent warming up (onecycle, warmup_cosine, triangle).
+            lr_start_factor: First step's learning rate as a fraction of the peak (triangle).
+            lr_end_factor: Last step's learning rate as a fraction of the peak (triangle).
+            norm_bias_lr_scale: Learning-rate multiplier for BatchNorm shifts; their weight decay is divided
+                by it, so the decay per step is unchanged (airbench uses 64).
+            test_time_augmentation: Views averaged at validation/test/predict: none, flip (and its mirror),
+                or flip_translate (also two 1-pixel shifts, six views in all).
+            whitening_images: Training images the airbench backbone's whitening layer is fitted to at fit start.
+            whitening_bias_epochs: Epochs during which the airbench whitening layer's bias trains.
+            channels_last: Keep activations and weights in NHWC memory order (faster convolutions on GPUs).
+            compile: Compile the backbone with torch.compile (minutes of compiling before the first step).
+            compile_mode: torch.compile mode (inductor): default, reduce-overhead or max-autotune.
+            compile_backend: torch.compile backend: inductor (generates kernels), or e.g. aot_eager to debug.
         """
         super().__init__()
         self.save_hyperparameters()
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(f"model.warmup_fraction must be in [0, 1), got {warmup_fraction}")
+        if norm_bias_lr_scale <= 0:
+            raise ValueError(f"model.norm_bias_lr_scale must be positive, got {norm_bias_lr_scale}")
+        if test_time_augmentation not in ("none", "flip", "flip_translate"):
+            raise ValueError(
+                f"model.test_time_augmentation must be none, flip or flip_translate, got {test_time_augmentation!r}"
+            )
         self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
         if len(self.class_names) != num_classes:
             raise ValueError(f"{len(self.class_names)} class names given for {num_classes} classes")
         self.optimizer_factory = optimizer
         self.normalize = Normalize(mean, std)
         self.backbone = build_backbone(backbone, num_classes, width)
+        if channels_last:
+            self.backbone.to(memory_format=torch.channels_last)
+        self.compiled_backbone: Callable[[Tensor], Tensor] | None = None
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         metrics = MetricCollection(
             {
@@ -87,7 +130,64 @@ class ImageClassifier(L.LightningModule):
 
     def forward(self, images: Tensor) -> Tensor:
         """Logits for a batch of uint8 images of shape (N, 3, 32, 32)."""
-        return self.backbone(self.normalize(images))
+        return self._backbone(self._normalized(images))
+
+    def evaluate(self, images: Tensor) -> Tensor:
+        """Logits averaged over the test-time views (airbench's TTA); plain logits with none."""
+        x = self._normalized(images)
+        if self.hparams.test_time_augmentation == "none":
+            return self._backbone(x)
+        logits = self._with_mirror(x)
+        if self.hparams.test_time_augmentation == "flip_translate":
+            height, width = x.shape[-2:]
+            padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
+            shifted = (padded[..., :height, :width], padded[..., 2:, 2:])
+            logits = 0.5 * logits + 0.5 * torch.stack([self._with_mirror(view) for view in shifted]).mean(0)
+        return logits
+
+    def _with_mirror(self, x: Tensor) -> Tensor:
+        return 0.5 * self._backbone(x) + 0.5 * self._backbone(x.flip(-1))
+
+    def _normalized(self, images: Tensor) -> Tensor:
+        x = self.normalize(images)
+        return x.contiguous(memory_format=torch.channels_last) if self.hparams.channels_last else x
+
+    def _backbone(self, x: Tensor) -> Tensor:
+        return self.compiled_backbone(x) if self.compiled_backbone is not None else self.backbone(x)
+
+    def configure_model(self) -> None:
+        # A compiled bound method rather than an OptimizedModule attribute: the state_dict keys,
+        # network() (profiled, exported) and checkpoints stay those of the plain backbone.
+        if self.hparams.compile and self.compiled_backbone is None:
+            self.compiled_backbone = torch.compile(
+                self.backbone.forward, mode=self.hparams.compile_mode, backend=self.hparams.compile_backend
+            )
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self._fit_whitening()
+
+    def _fit_whitening(self) -> None:
+        """Fit data-dependent layers to the training images (a resumed run then loads its own weights over them)."""
+        layers = [module for module in self.backbone.modules() if isinstance(module, PatchWhitening)]
+        if not layers:
+            return
+        datamodule = self.trainer.datamodule
+        if not hasattr(datamodule, "train_images"):
+            raise ValueError(
+                "the airbench backbone fits its whitening layer to training images and needs a DataModule "
+                "with train_images(count), such as CifarDataModule"
+            )
+        images = self.normalize(datamodule.train_images(self.hparams.whitening_images))
+        for layer in layers:
+            layer.fit(images)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.current_epoch < self.hparams.whitening_bias_epochs:
+            return
+        for module in self.backbone.modules():
+            if isinstance(module, PatchWhitening):
+                module.bias.grad = None  # the optimizer skips parameters without a gradient
 
     def network(self) -> nn.Sequential:
         """The inference network alone (shared modules, no trainer attached): safe to copy and profile."""
@@ -97,7 +197,7 @@ class ImageClassifier(L.LightningModule):
         self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str
     ) -> tuple[Tensor, Tensor]:
         images, labels = batch
-        logits = self(images)
+        logits = self(images) if stage == "train" else self.evaluate(images)
         loss = self.criterion(logits, labels)
         metrics.update(logits, labels)
         on_step = stage == "train"
@@ -117,17 +217,32 @@ class ImageClassifier(L.LightningModule):
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Class probabilities for each image."""
-        return self(batch[0]).softmax(dim=-1)
+        return self.evaluate(batch[0]).softmax(dim=-1)
 
     def configure_optimizers(self):
+        groups = self._parameter_groups()
         if self.optimizer_factory is not None:
-            optimizer = self.optimizer_factory(self.parameters())
+            optimizer = self.optimizer_factory(groups)
         else:
-            optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+            optimizer = torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+        for group in optimizer.param_groups:
+            scale = group.get("lr_scale", 1.0)
+            group["lr"] *= scale
+            if "weight_decay" in group:
+                group["weight_decay"] /= scale
         scheduler = self._schedule(optimizer)
         if scheduler is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _parameter_groups(self) -> Iterable[Tensor] | list[dict[str, Any]]:
+        scale = self.hparams.norm_bias_lr_scale
+        if scale == 1.0:
+            return self.parameters()
+        shifts = [module.bias for module in self.modules() if isinstance(module, NORMS) and module.bias is not None]
+        scaled = {id(parameter) for parameter in shifts}
+        others = [parameter for parameter in self.parameters() if id(parameter) not in scaled]
+        return [{"params": others}, {"params": shifts, "lr_scale": scale}]
 
     def _schedule(self, optimizer: torch.optim.Optimizer) -> LRScheduler | None:
         """The schedule over all optimizer steps of the run, counted by the trainer."""
@@ -135,6 +250,9 @@ class ImageClassifier(L.LightningModule):
         if self.hparams.lr_schedule == "constant" or total_steps < 3:
             return None  # a run of one or two steps has no schedule to follow
         warmup_steps = int(self.hparams.warmup_fraction * total_steps)
+        if self.hparams.lr_schedule == "triangle":
+            return LambdaLR(optimizer, triangle(total_steps, warmup_steps, self.hparams.lr_start_factor,
+                                                self.hparams.lr_end_factor))  # fmt: skip
         if self.hparams.lr_schedule == "onecycle":
             # OneCycleLR needs at least two warm-up steps and one step after them.
             warmup_steps = min(max(warmup_steps, 2), total_steps - 1)
@@ -145,3 +263,14 @@ class ImageClassifier(L.LightningModule):
         warmup = LinearLR(optimizer, start_factor=1.0 / warmup_steps, total_iters=warmup_steps)
         decay = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps)
         return SequentialLR(optimizer, [warmup, decay], milestones=[warmup_steps])
+
+
+def triangle(total_steps: int, peak_step: int, start: float, end: float) -> Callable[[int], float]:
+    """Learning-rate factor per step: linear from ``start`` to 1 at ``peak_step``, then to ``end`` at the last step."""
+
+    def factor(step: int) -> float:
+        if step < peak_step:
+            return start + (1.0 - start) * step / peak_step
+        return 1.0 + (end - 1.0) * min(step - peak_step, total_steps - peak_step) / max(total_steps - peak_step, 1)
+
+    return factor
