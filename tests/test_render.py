@@ -66,6 +66,7 @@ PACKAGE_FILES = {
     "callbacks/confusion_matrix.py",
     "callbacks/grad_scale_watchdog.py",
     "callbacks/gradient_histograms.py",
+    "callbacks/lookahead.py",
     "callbacks/model_report.py",
     "callbacks/random_state.py",
     "callbacks/sample_grid.py",

@@ -1,12 +1,13 @@
 """Is Lightning overhead visible? The project's trainer vs a hand-written PyTorch loop.
 
-Both train the same model (the default network unless told otherwise) on the same uint8
-batches, with the same optimizer, LR schedule, precision and on-device augmentation, for the
-same number of steps after a warm-up. The Lightning side runs with the default config's
-callbacks (histograms, throughput, watchdog, ...) and logger. Measured interleaved (A, B, A, B)
-so machine noise hits both; the last line is one JSON object with the figures.
+Both train the same model (the network of ``--config``, the default config unless told otherwise)
+on the same uint8 batches, with the same optimizer, LR schedule, precision and on-device
+augmentation, for the same number of steps after a warm-up. The Lightning side also runs the
+config's callbacks (histograms, throughput, watchdog, ...; the fast recipe's lookahead) and a
+TensorBoard logger. Measured interleaved (A, B, A, B) so machine noise hits both; the last line
+is one JSON object with the figures.
 
-    python benchmarks/bench_step.py [--device cpu|cuda] [--width 64] [--batch_size 256] [--quick]
+    python benchmarks/bench_step.py [--config configs/cifar10_fast.yaml] [--device cpu|cuda] [--quick]
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"
+# What shapes the network and its step cost; the rest of the config's model section is the recipe.
+NETWORK_KEYS = ("backbone", "width", "label_smoothing", "channels_last", "compile", "compile_mode", "compile_backend")
 
 
 class AugmentedImages(L.LightningDataModule):
@@ -43,6 +46,10 @@ class AugmentedImages(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(self.images, self.labels), batch_size=self.batch_size, drop_last=True)
 
+    def train_images(self, count: int) -> torch.Tensor:
+        """What the airbench backbone fits its whitening layer to."""
+        return self.images[:count]
+
     def on_after_batch_transfer(self, batch, dataloader_idx):
         if isinstance(batch, torch.Tensor) or not self.trainer.training:
             return batch
@@ -50,16 +57,17 @@ class AugmentedImages(L.LightningDataModule):
 
 
 def make_model(args: argparse.Namespace) -> ImageClassifier:
+    """The config's network and its switches (channels_last, ...); a plain SGD, a constant learning rate."""
     torch.manual_seed(0)
+    model_args = {key: value for key, value in args.config_data["model"].items() if key in NETWORK_KEYS}
+    model_args.update({key: getattr(args, key) for key in ("backbone", "width") if getattr(args, key) is not None})
     optimizer = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True)  # noqa: E731
-    return ImageClassifier(num_classes=10, backbone=args.backbone, width=args.width, optimizer=optimizer,
-                           lr_schedule="constant")  # fmt: skip
+    return ImageClassifier(num_classes=10, **model_args, optimizer=optimizer, lr_schedule="constant")
 
 
-def default_callbacks() -> list[L.Callback]:
-    """The callbacks of the default config, built from it."""
-    with open(DEFAULT_CONFIG) as handle:
-        entries = yaml.safe_load(handle)["trainer"]["callbacks"]
+def config_callbacks(args: argparse.Namespace) -> list[L.Callback]:
+    """The callbacks of the config, built from it (checkpointing aside: no files are written)."""
+    entries = args.config_data["trainer"]["callbacks"]
     return [instantiate_class((), entry) for entry in entries if not entry["class_path"].endswith("ModelCheckpoint")]
 
 
@@ -71,7 +79,7 @@ def lightning_rate(args, images, labels, steps: int) -> float:
         warnings.simplefilter("ignore")
         trainer = L.Trainer(
             accelerator=args.device, devices=1, precision=args.precision, max_steps=args.warmup + steps,
-            logger=L.pytorch.loggers.TensorBoardLogger(logs), callbacks=[*default_callbacks(), timer],
+            logger=L.pytorch.loggers.TensorBoardLogger(logs), callbacks=[*config_callbacks(args), timer],
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             num_sanity_val_steps=0, limit_val_batches=0,
         )  # fmt: skip
@@ -106,6 +114,7 @@ def _sync(device: torch.device) -> None:
 def plain_rate(args, images, labels, steps: int) -> float:
     device = torch.device(args.device)
     model = make_model(args).to(device)
+    model.configure_model()  # torch.compile, when the config asks for it
     optimizer = model.optimizer_factory(model.parameters())
     augment = BatchAugment()
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(args.precision)
@@ -135,15 +144,19 @@ def plain_rate(args, images, labels, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--backbone", default="fastcnn")
-    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="network, callbacks and precision")
+    parser.add_argument("--backbone", default=None, help="overrides the config's")
+    parser.add_argument("--width", type=int, default=None, help="overrides the config's")
     parser.add_argument("--batch_size", type=int, default=256)
-    parser.add_argument("--precision", default="bf16-mixed" if torch.cuda.is_available() else "32-true")
+    parser.add_argument("--precision", default=None, help="default: the config's on a GPU, 32-true on a CPU")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a tiny network and few steps (smoke test)")
     args = parser.parse_args()
+    args.config_data = yaml.safe_load(args.config.read_text())
+    if args.precision is None:
+        args.precision = args.config_data["trainer"]["precision"] if args.device.startswith("cuda") else "32-true"
     if args.quick:
         args.width, args.batch_size, args.warmup, args.steps, args.rounds = 8, 32, 1, 3, 1
     generator = torch.Generator().manual_seed(0)
@@ -161,7 +174,7 @@ def main() -> None:
     print(f"{'Lightning (callbacks)':<24}{result['lightning_images_per_s']:>12,.0f}")
     print(f"{'hand-written':<24}{result['plain_images_per_s']:>12,.0f}")
     print(f"{'ratio':<24}{result['lightning_vs_plain']:>12.3f}")
-    setup = {key: getattr(args, key) for key in ("device", "backbone", "width", "batch_size", "precision", "steps")}
+    setup = {key: str(getattr(args, key)) for key in ("config", "device", "batch_size", "precision", "steps")}
     print(json.dumps({**setup, **result}))
 
 

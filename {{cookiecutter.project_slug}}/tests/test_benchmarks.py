@@ -13,11 +13,15 @@ from .conftest import PROJECT_ROOT, cli_env
 pytestmark = pytest.mark.slow
 
 
+STEP_FIGURES = {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_plain"}
+
+
 @pytest.mark.parametrize(
-    ("script", "keys"),
+    ("script", "options", "keys"),
     [
         (
             "bench_data.py",
+            [],
             {
                 "ours_uint8_w2",
                 "ours_resident_augmented",
@@ -27,12 +31,14 @@ pytestmark = pytest.mark.slow
                 "ours_peak_rss_mb_w2",
             },
         ),
-        ("bench_step.py", {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_plain"}),
+        ("bench_step.py", [], STEP_FIGURES),
+        ("bench_step.py", ["--config", str(PROJECT_ROOT / "configs" / "cifar10_fast.yaml")], STEP_FIGURES),
     ],
+    ids=["data", "step", "step-fast-recipe"],
 )
-def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, keys):
+def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, options, keys):
     result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "benchmarks" / script), "--quick", "--device", "cpu"],
+        [sys.executable, str(PROJECT_ROOT / "benchmarks" / script), "--quick", "--device", "cpu", *options],
         cwd=tmp_path,
         env=cli_env(),
         capture_output=True,

@@ -30,6 +30,7 @@ EXCLUDED_KEYS: tuple[str, ...] = (
     "data.data_dir",  # where the archive is; its content is pinned by the MD5 check
     "data.num_workers",  # how many processes read the same batches
     "data.pin_memory",  # how batches are copied, not what they hold
+    "data.storage",  # where the same batches are gathered (memory map or device); they are identical
 )
 
 
