@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def installed(bake, request):
 def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
     project, pytest_args = installed
     package = next((project / "src").iterdir()).name
-    dataset = yaml.safe_load(next((project / "configs").glob("cifar*.yaml")).read_text())["data"]["dataset"]
+    dataset = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]["dataset"]
 
     tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, cwd=project)
     assert " passed" in tests.stdout and "failed" not in tests.stdout

@@ -103,6 +103,8 @@ class ImageClassifier(L.LightningModule):
             raise ValueError(f"model.warmup_fraction must be in [0, 1), got {warmup_fraction}")
         if norm_bias_lr_scale <= 0:
             raise ValueError(f"model.norm_bias_lr_scale must be positive, got {norm_bias_lr_scale}")
+        if whitening_images < 1:
+            raise ValueError(f"model.whitening_images must be a positive integer, got {whitening_images}")
         if test_time_augmentation not in ("none", "flip", "flip_translate"):
             raise ValueError(
                 f"model.test_time_augmentation must be none, flip or flip_translate, got {test_time_augmentation!r}"
