@@ -27,31 +27,26 @@ def random_crop(
     """Shift each image by up to ``padding`` pixels in each direction, filling with zeros or a reflection."""
     if padding <= 0:
         return images
-    if padding_mode == "reflect":
-        return _reflected_crop(images, padding, generator)
     n, c, h, w = images.shape
-    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
-    shifts = torch.randint(0, 2 * padding + 1, (2, n), device=images.device, generator=generator)
-    # Two gathers (rows, then columns) move each image's window in one pass over the batch.
-    rows = shifts[0, :, None] + torch.arange(h, device=images.device)
-    band = padded.gather(2, rows[:, None, :, None].expand(n, c, h, w + 2 * padding))
-    cols = shifts[1, :, None] + torch.arange(w, device=images.device)
-    return band.gather(3, cols[:, None, None, :].expand(n, c, h, w))
-
-
-def _reflected_crop(images: Tensor, padding: int, generator: torch.Generator) -> Tensor:
-    """As ``F.pad(mode="reflect")`` then a crop, but reading the reflected pixels straight from the batch."""
-    n, c, h, w = images.shape
-    if padding >= min(h, w):
+    if padding_mode == "reflect" and padding >= min(h, w):
         raise ValueError(f"reflect padding must be smaller than the image, got {padding} for {h}x{w}")
-    shifts = torch.randint(0, 2 * padding + 1, (2, n), device=images.device, generator=generator) - padding
+    shifts = torch.randint(0, 2 * padding + 1, (2, n), device=images.device, generator=generator)
+    # Each output pixel's source, in padded coordinates: row shift + i, column shift + j.
+    rows = shifts[0, :, None] + torch.arange(h, device=images.device)
+    cols = shifts[1, :, None] + torch.arange(w, device=images.device)
+    if padding_mode == "reflect":  # read the reflected pixels straight from the batch
+        source, source_width = images, w
+        rows, cols = _reflect(rows - padding, h), _reflect(cols - padding, w)
+    else:
+        source, source_width = torch.nn.functional.pad(images, (padding, padding, padding, padding)), w + 2 * padding
+    # One gather over the flattened image moves every window in a single pass over the batch.
+    index = (rows[:, :, None] * source_width + cols[:, None, :]).view(n, 1, h * w).expand(n, c, h * w)
+    return source.reshape(n, c, -1).gather(2, index).view(n, c, h, w)
 
-    def reflected(shift: Tensor, size: int) -> Tensor:
-        index = (shift[:, None] + torch.arange(size, device=images.device)).abs()
-        return (size - 1) - ((size - 1) - index).abs()
 
-    band = images.gather(2, reflected(shifts[0], h)[:, None, :, None].expand(n, c, h, w))
-    return band.gather(3, reflected(shifts[1], w)[:, None, None, :].expand(n, c, h, w))
+def _reflect(index: Tensor, size: int) -> Tensor:
+    """Map -k to k and size-1+k to size-1-k, as ``F.pad(mode="reflect")`` does."""
+    return (size - 1) - ((size - 1) - index.abs()).abs()
 
 
 def random_flip(images: Tensor, generator: torch.Generator) -> Tensor:

@@ -180,7 +180,7 @@ class ImageClassifier(L.LightningModule):
                 "the airbench backbone fits its whitening layer to training images and needs a DataModule "
                 "with train_images(count), such as CifarDataModule"
             )
-        images = self.normalize(datamodule.train_images(self.hparams.whitening_images))
+        images = self.normalize(datamodule.train_images(self.hparams.whitening_images).to(self.device))
         for layer in layers:
             layer.fit(images)
 
