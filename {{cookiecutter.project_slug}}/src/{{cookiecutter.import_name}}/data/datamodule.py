@@ -172,7 +172,7 @@ class CifarDataModule(L.LightningDataModule):
             return self.storage == "device"
         if device.type != "cuda":
             return False
-        needed = sum(np.load(path, mmap_mode="r").nbytes for path in self.train_set.paths)
+        needed = sum(array.nbytes for array in self.train_set.arrays)
         return needed <= RESIDENT_SHARE_OF_FREE_MEMORY * torch.cuda.mem_get_info(device)[0]
 
     def _splits(self) -> dict[str, MemmapBatches]:

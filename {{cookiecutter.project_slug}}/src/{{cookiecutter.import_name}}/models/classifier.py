@@ -115,6 +115,10 @@ class ImageClassifier(L.LightningModule):
         self.optimizer_factory = optimizer
         self.normalize = Normalize(mean, std)
         self.backbone = build_backbone(backbone, num_classes, width)
+        # Layers fitted to data rather than trained (airbench's whitening); a plain tuple, not submodules.
+        self.whitening_layers = tuple(
+            module for module in self.backbone.modules() if isinstance(module, PatchWhitening)
+        )
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         self.compiled_backbone: Callable[[Tensor], Tensor] | None = None
@@ -171,8 +175,7 @@ class ImageClassifier(L.LightningModule):
 
     def _fit_whitening(self) -> None:
         """Fit data-dependent layers to the training images (a resumed run then loads its own weights over them)."""
-        layers = [module for module in self.backbone.modules() if isinstance(module, PatchWhitening)]
-        if not layers:
+        if not self.whitening_layers:
             return
         datamodule = self.trainer.datamodule
         if not hasattr(datamodule, "train_images"):
@@ -181,15 +184,14 @@ class ImageClassifier(L.LightningModule):
                 "with train_images(count), such as CifarDataModule"
             )
         images = self.normalize(datamodule.train_images(self.hparams.whitening_images).to(self.device))
-        for layer in layers:
+        for layer in self.whitening_layers:
             layer.fit(images)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.current_epoch < self.hparams.whitening_bias_epochs:
             return
-        for module in self.backbone.modules():
-            if isinstance(module, PatchWhitening):
-                module.bias.grad = None  # the optimizer skips parameters without a gradient
+        for layer in self.whitening_layers:
+            layer.bias.grad = None  # the optimizer skips parameters without a gradient
 
     def network(self) -> nn.Sequential:
         """The inference network alone (shared modules, no trainer attached): safe to copy and profile."""
