@@ -17,6 +17,7 @@ from .archive import Cache, DataError, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .cifar_format import FORMATS
 from .dataset import MemmapBatches, Positions, ResidentBatches, keep_batch
+from .loader import FirstBatchStartLoader
 
 Storage = Literal["auto", "device", "memmap"]
 # "auto" keeps the data on a GPU when it takes at most this share of the GPU's free memory.
@@ -204,10 +205,13 @@ class CifarDataModule(L.LightningDataModule):
             sampler = UnrepeatedDistributedSampler(memmapped, num_replicas=world_size, rank=rank, shuffle=False)
         else:
             sampler = None
-        return DataLoader(
+        return FirstBatchStartLoader(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
+            # The loader draws its workers' base seed when an iterator is created; from its own
+            # generator, that draw leaves the global random stream (dropout, a user's code) alone.
+            generator=torch.Generator().manual_seed(self.seed),
             drop_last=train,
             num_workers=workers,
             collate_fn=keep_batch,
