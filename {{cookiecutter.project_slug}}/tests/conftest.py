@@ -68,22 +68,27 @@ FAST_ARGS = [
 ]
 
 
-def cli_env() -> dict[str, str]:
-    """The environment for CLI subprocesses: ``tests.probes`` importable, upstream noise muted."""
-    return {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "PYTHONPATH": str(PROJECT_ROOT)}
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment for CLI subprocesses: ``tests.probes`` importable, upstream noise muted, plus ``extra``."""
+    return {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", "PYTHONPATH": str(PROJECT_ROOT), **extra}
 
 
 def run_cli(
-    *args: str, cwd: Path, check: bool = True, timeout: float = 300, launcher: tuple[str, ...] = ()
+    *args: str,
+    cwd: Path,
+    check: bool = True,
+    timeout: float = 300,
+    launcher: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``python [launcher] main.py ARGS`` in ``cwd`` exactly as a user would type it."""
+    """Run ``python [launcher] main.py ARGS`` in ``cwd`` exactly as a user would type it (``env`` adds variables)."""
     result = subprocess.run(
         [sys.executable, *launcher, str(PROJECT_ROOT / "main.py"), *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=cli_env(),
+        env=cli_env(**(env or {})),
     )
     if check and result.returncode != 0:
         raise AssertionError(f"main.py {' '.join(args)} exited {result.returncode}:\n{result.stderr[-4000:]}")

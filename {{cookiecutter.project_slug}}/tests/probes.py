@@ -1,9 +1,11 @@
-"""A callback the DDP tests add on the command line to see what each rank was fed and ended with."""
+"""Callbacks the tests add on the command line: what each rank was fed and ended with; a kill at a chosen moment."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 from pathlib import Path
 
 import lightning as L
@@ -32,3 +34,30 @@ class DataProbe(L.Callback):
         record = {"world_size": trainer.world_size, "ids": self.ids, "weights": digest.hexdigest()}
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+class KillAt(L.Callback):
+    """``kill -9`` this process at the moment named by the ``KILL_AT`` environment variable, if set.
+
+    The moment is read from the environment, not the config, so the killed run, its resume and
+    the uninterrupted reference share one config (and one run directory). Moments:
+    ``train_batch:E:B`` after training batch B of epoch E; ``validation:E`` after the first
+    validation batch of epoch E; ``after_checkpoint:E`` at the end of epoch E, after its
+    checkpoints are written; ``sanity`` during the sanity-check validation.
+    """
+
+    def __init__(self) -> None:
+        self.moment = os.environ.get("KILL_AT", "")
+
+    def _kill_if(self, moment: str) -> None:
+        if moment == self.moment:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._kill_if(f"train_batch:{trainer.current_epoch}:{batch_idx}")
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._kill_if("sanity" if trainer.sanity_checking else f"validation:{trainer.current_epoch}")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._kill_if(f"after_checkpoint:{trainer.current_epoch}")

@@ -161,3 +161,31 @@ def test_auto_storage_memory_maps_off_the_gpu(data_dir):
     )
     resident.setup("fit")
     assert resident.resident["val"] is resident.resident["test"]  # copied once
+
+
+def test_a_worker_loader_reads_its_order_at_the_first_batch_from_the_trainers_epoch(data_dir):
+    # A resumed fit makes the iterator first, then moves to the epoch: the order must follow the move.
+    dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=2, batch_size=16, val_size=32)
+    dm.prepare_data()
+    trainer = fake_trainer(current_epoch=0)
+    dm.trainer = trainer
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    expected = {}
+    for epoch in (0, 1):
+        trainer.current_epoch = epoch
+        expected[epoch] = torch.cat([ids for _, _, ids in loader])
+    assert not torch.equal(expected[0], expected[1])
+    trainer.current_epoch = 0
+    iterator = iter(loader)  # made during epoch 0 ...
+    trainer.current_epoch = 1  # ... the epoch starts
+    assert torch.equal(torch.cat([ids for _, _, ids in iterator]), expected[1])
+
+
+def test_making_and_reading_loaders_leaves_the_global_random_stream_alone(data_dir):
+    dm = ready(data_dir, batch_size=16, val_size=32)
+    before = torch.get_rng_state()
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        for _ in loader:
+            pass
+    assert torch.equal(torch.get_rng_state(), before)

@@ -56,28 +56,6 @@ def test_two_runs_of_one_config_are_identical(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # processes killed and restarted
-def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
-    args = fit_args("data", "--trainer.max_epochs=4", "--data.batch_size=8")
-    write_tiny_archive(tmp_path / "whole" / "data")
-    run_cli(*args, cwd=tmp_path / "whole")
-    (whole,) = (tmp_path / "whole").glob("runs/*/*/checkpoints/last.ckpt")
-
-    killed = tmp_path / "killed"
-    write_tiny_archive(killed / "data")
-    process = start_and_wait_for_checkpoint(args, killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.3)  # into the next epoch
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    (last,) = killed.glob("runs/*/*/checkpoints/last.ckpt")
-    assert torch.load(last, weights_only=True)["epoch"] < 3, "the run finished before it was killed"
-
-    result = run_cli(*args, "--ckpt_path=last", cwd=killed)
-    assert "Restoring states from the checkpoint path" in result.stderr + result.stdout
-    assert torch.load(last, weights_only=True)["global_step"] == torch.load(whole, weights_only=True)["global_step"]
-    assert_same_weights(weights(whole), weights(last))
-
-
-@pytest.mark.slow  # processes killed and restarted
 def test_sigterm_saves_a_checkpoint_and_the_run_continues_from_it(tmp_path):
     args = fit_args("data", "--trainer.max_epochs=3", "--data.batch_size=8")
     write_tiny_archive(tmp_path / "data")

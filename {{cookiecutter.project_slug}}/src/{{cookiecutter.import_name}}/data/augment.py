@@ -2,8 +2,9 @@
 
 One random draw per batch instead of per-sample Python: the crop gathers shifted windows
 from a padded batch (what ``RandomCrop(32, padding=p)`` does per image) and the flip
-mirrors the selected images only. Draws come from a generator of our own, seeded explicitly, so
-a run is reproducible and the generator's state can be checkpointed.
+mirrors the selected images only. Draws come from a generator of our own, seeded from (run seed,
+rank, epoch) at the start of every epoch, so a run is reproducible and a run resumed at an epoch
+boundary draws what the uninterrupted run drew, without any generator state in the checkpoint.
 
 The alternating flip is airbench's derandomized flip: each image starts in a fixed pseudo-random
 orientation and is mirrored on every odd epoch, so over any two epochs the network sees both
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -82,6 +84,11 @@ def random_cutout(images: Tensor, size: int, generator: torch.Generator) -> Tens
     return images.masked_fill(inside[:, None], 0)
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """A well-mixed 64-bit seed for (stream seed, epoch): neighbouring epochs get unrelated streams."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0])
+
+
 class BatchAugment:
     """The training-time augmentation policy, applied to a (N, 3, H, W) batch of any dtype."""
 
@@ -103,38 +110,29 @@ class BatchAugment:
         self.generator: torch.Generator | None = None
         self._seed = 0
         self._image_seed = 0
-        self._restored: torch.Tensor | None = None
+        self._epoch: int | None = None
 
     def seed(self, seed: int, image_seed: int | None = None) -> None:
-        """Restart the random stream; the generator is made on the first batch's device.
+        """Set the stream seed; each epoch's draws come from a generator seeded with (seed, epoch).
 
         ``image_seed`` fixes each image's starting orientation for the alternating flip; it must be
         the same on every process (the stream seed differs per rank), so it defaults to ``seed``.
         """
         self._seed = seed
         self._image_seed = seed if image_seed is None else image_seed
-        self._restored = None
         self.generator = None
 
-    def state(self) -> torch.Tensor | None:
-        """The generator's state, to checkpoint (None before the first batch)."""
-        return self.generator.get_state() if self.generator is not None else self._restored
-
-    def set_state(self, state: torch.Tensor | None) -> None:
-        """Continue a checkpointed stream: applied when the generator is made on the batch's device."""
-        self._restored = state
-        self.generator = None
-
-    def _generator_for(self, device: torch.device) -> torch.Generator:
-        if self.generator is None or self.generator.device != device:
-            self.generator = torch.Generator(device=device).manual_seed(self._seed)
-            if self._restored is not None:
-                self.generator.set_state(self._restored)
+    def _generator_for(self, device: torch.device, epoch: int) -> torch.Generator:
+        # Re-seeded at each epoch, like the sampler's order: a run resumed at an epoch boundary draws
+        # exactly what it would have drawn, on every rank, with no generator state to checkpoint.
+        if self.generator is None or self.generator.device != device or self._epoch != epoch:
+            self.generator = torch.Generator(device=device).manual_seed(epoch_seed(self._seed, epoch))
+            self._epoch = epoch
         return self.generator
 
     def __call__(self, images: Tensor, ids: Tensor | None = None, epoch: int = 0) -> Tensor:
         """Augment a batch; ``ids`` (each image's row in its split) and ``epoch`` drive the alternating flip."""
-        generator = self._generator_for(images.device)
+        generator = self._generator_for(images.device, epoch)
         images = random_crop(images, self.crop_padding, generator, self.padding_mode)
         if self.flip == "random":
             images = random_flip(images, generator)

@@ -11,13 +11,13 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from .archive import Cache, DataError, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .cifar_format import FORMATS
 from .dataset import MemmapBatches, Positions, ResidentBatches, keep_batch
-from .loader import FirstBatchStartLoader
+from .loader import FirstBatchStartLoader, TrainerEpochSampler
 
 Storage = Literal["auto", "device", "memmap"]
 # "auto" keeps the data on a GPU when it takes at most this share of the GPU's free memory.
@@ -195,9 +195,15 @@ class CifarDataModule(L.LightningDataModule):
             # The order of epoch e is a permutation drawn from (run seed, e) alone, sharded over the
             # ranks (disjoint, remainder dropped). It does not depend on how much of the global random
             # stream was used before, so a resumed run sees exactly the batches it would have seen.
-            # Lightning keeps a DistributedSampler it is given and calls set_epoch on it every epoch.
-            sampler = DistributedSampler(
-                memmapped, num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed, drop_last=True
+            # Lightning keeps a DistributedSampler it is given (the epoch comes from the trainer: see loader.py).
+            sampler = TrainerEpochSampler(
+                memmapped,
+                self._current_epoch,
+                num_replicas=world_size,
+                rank=rank,
+                shuffle=True,
+                seed=self.seed,
+                drop_last=True,
             )
         elif world_size > 1:
             # Disjoint, unpadded shards: each image is evaluated exactly once over all ranks, so the
@@ -219,6 +225,9 @@ class CifarDataModule(L.LightningDataModule):
             persistent_workers=workers > 0,
         )
 
+    def _current_epoch(self) -> int | None:
+        return self.trainer.current_epoch if self.trainer is not None else None
+
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", self.batch_size, train=True)
 
@@ -230,13 +239,6 @@ class CifarDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("test", self.eval_batch_size, train=False)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Checkpointed with the run: where the augmentation's random stream stands."""
-        return {"augment_generator": self.augment.state()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.augment.set_state(state_dict.get("augment_generator"))
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Lightning also routes the model's example input (a bare tensor) through here: leave it be.
