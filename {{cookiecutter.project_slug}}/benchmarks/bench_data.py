@@ -123,7 +123,8 @@ def main() -> None:
             CifarDataModule(data_dir=str(archive.parent), verify_checksum=False, val_size=0, storage=storage)
             for storage in ("memmap", "device")
         )
-        trainer = {"world_size": 1, "global_rank": 0, "strategy": SimpleNamespace(root_device=device)}
+        trainer = {"world_size": 1, "global_rank": 0, "current_epoch": 0}
+        trainer["strategy"] = SimpleNamespace(root_device=device)
         for data in (ours_data, resident_data):
             data.trainer = SimpleNamespace(**trainer)
             data.batch_size = args.batch_size
@@ -132,7 +133,7 @@ def main() -> None:
             data.augment.seed(0)
 
         def delivered(data: CifarDataModule, augmented: bool):
-            state = SimpleNamespace(**trainer, training=augmented, current_epoch=0)
+            state = SimpleNamespace(**trainer, training=augmented)
 
             def deliver(batch):
                 data.trainer = state
