@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cookiecutter.main import cookiecutter
+from packaging.requirements import Requirement
 
 from .conftest import TEMPLATE, template_as_git_repo
 
@@ -197,6 +198,14 @@ def test_constraints_pin_every_dependency(bake):
         name = re.split(r"[<>=!\[ ;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
         assert name in pinned, f"{name} is not pinned in constraints.txt"
     assert pinned["torch"] == "2.14.1" and pinned["torchvision"] == "0.29.1"
+
+
+def test_lightning_requirement_refuses_the_compromised_releases(bake):
+    # lightning 2.6.2 and 2.6.3 on PyPI carried malicious code (advisory GHSA-w37p-236h-pfx3).
+    meta = tomllib.loads((bake() / "pyproject.toml").read_text())["project"]
+    (lightning,) = [Requirement(r) for r in meta["dependencies"] if Requirement(r).name == "lightning"]
+    assert not {"2.6.2", "2.6.3"} & set(lightning.specifier.filter(["2.6.2", "2.6.3"]))
+    assert lightning.specifier.contains("2.6.6")
 
 
 def test_recorded_answers_re_render_the_same_tree(bake, tmp_path, cookiecutter_config):
