@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -109,13 +108,3 @@ def only_run_dir(root: Path) -> Path:
     runs = [p.parent for p in root.glob("runs/*/*/config.yaml")]
     assert len(runs) == 1, runs
     return runs[0]
-
-
-def start_and_wait_for_checkpoint(args: list[str], cwd: Path, **popen: object) -> subprocess.Popen:
-    """Start ``python main.py ARGS`` and return once its first ``last.ckpt`` exists."""
-    process = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "main.py"), *args], cwd=cwd, env=cli_env(), **popen)
-    deadline = time.monotonic() + 120
-    while not list(cwd.glob("runs/*/*/checkpoints/last.ckpt")) and process.poll() is None:
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
-    return process

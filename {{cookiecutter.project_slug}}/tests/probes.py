@@ -37,7 +37,7 @@ class DataProbe(L.Callback):
 
 
 class KillAt(L.Callback):
-    """``kill -9`` this process at the moment named by the ``KILL_AT`` environment variable, if set.
+    """Signal this process (``KILL_SIGNAL``, default SIGKILL) at the moment named by ``KILL_AT``, if set.
 
     The moment is read from the environment, not the config, so the killed run, its resume and
     the uninterrupted reference share one config (and one run directory). Moments:
@@ -48,10 +48,11 @@ class KillAt(L.Callback):
 
     def __init__(self) -> None:
         self.moment = os.environ.get("KILL_AT", "")
+        self.signal = signal.Signals[os.environ.get("KILL_SIGNAL", "SIGKILL")]
 
     def _kill_if(self, moment: str) -> None:
         if moment == self.moment:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signal)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._kill_if(f"train_batch:{trainer.current_epoch}:{batch_idx}")
