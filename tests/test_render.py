@@ -58,12 +58,17 @@ COMMON_FILES = {
     "tests/test_fast_recipe.py",
     "tests/test_model.py",
     "tests/test_reproducibility.py",
+    "tests/test_runs.py",
 }
 PACKAGE_FILES = {
     "__init__.py",
     "cli.py",
     "config_hash.py",
     "checkpointing.py",
+    "errors.py",
+    "run_record.py",
+    "runs.py",
+    "summary.py",
     "callbacks/__init__.py",
     "callbacks/confusion_matrix.py",
     "callbacks/grad_scale_watchdog.py",
@@ -88,6 +93,7 @@ PACKAGE_FILES = {
     "models/__init__.py",
     "models/backbones.py",
     "models/classifier.py",
+    "models/schedules.py",
 }
 
 # Every non-default value of every choice, alone and together (all combinations are valid).

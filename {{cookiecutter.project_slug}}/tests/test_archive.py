@@ -150,4 +150,10 @@ def test_a_download_with_the_wrong_checksum_is_discarded(tmp_path, mirror):
     _, url = mirror
     with pytest.raises(DataError, match="expected"):
         prepare(tmp_path / "data", dataclasses.replace(CIFAR10, url=url), download=True, verify_checksum=True)
-    assert [p.name for p in (tmp_path / "data").iterdir() if not p.name.startswith(".")] == []
+    assert not (tmp_path / "data").exists()  # the folder it had to make is gone again, lock file and all
+
+
+def test_a_missing_folder_is_not_created_when_nothing_may_be_downloaded(tmp_path):
+    with pytest.raises(DataError, match=r"data\.download is false"):
+        prepare(tmp_path / "typo" / "data", CIFAR10, download=False, verify_checksum=True)
+    assert list(tmp_path.iterdir()) == []

@@ -1,6 +1,7 @@
 import pickle
 import pickletools
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -24,6 +25,14 @@ def test_archive_has_the_official_layout(tmp_path, fmt):
     assert batch["data"].dtype == np.uint8 and batch["data"].shape[1] == 3072
     meta = pickle.loads(files[fmt.member(fmt.meta_file)], encoding="latin1")
     assert meta[fmt.names_key] == list(fmt.class_names)
+
+
+def test_the_same_arrays_always_pack_to_the_same_bytes(tmp_path, monkeypatch):
+    packed = []
+    for clock in (1.0e9, 2.0e9):  # written at different times
+        monkeypatch.setattr(time, "time", lambda clock=clock: clock)
+        packed.append(write_tiny_archive(tmp_path / str(clock)).read_bytes())
+    assert packed[0] == packed[1]
 
 
 def test_batches_are_python2_pickles(tmp_path, fmt):

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import IdentityInitConv, PatchWhitening, build_backbone
-from {{ cookiecutter.import_name }}.models.classifier import triangle
+from {{ cookiecutter.import_name }}.models.schedules import triangle
 
 
 @pytest.mark.parametrize("name", ["fastcnn", "airbench", "resnet18", "resnet34", "resnet50"])

@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO
+from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO, CheckpointError
+from {{ cookiecutter.import_name }}.errors import UsageError
 
 from .conftest import (
     cli_env,
@@ -116,28 +117,33 @@ def test_a_broken_checkpoint_is_refused_by_name(finished, monkeypatch, problem):
         bad.write_bytes(last.read_bytes()[:2000])
     else:
         torch.save({"weights": torch.zeros(2)}, bad)
-    with pytest.raises(SystemExit, match=f"--ckpt_path {bad} is not a"):
+    with pytest.raises(CheckpointError, match=f"{bad} is not a"):
         in_process(fit_args("data", f"--ckpt_path={bad}"), root, monkeypatch)
 
 
 def test_resuming_under_a_changed_config_lists_the_changes_or_is_allowed(finished, monkeypatch):
     root, last = finished
     run_dir = last.parents[1]
-    changed = fit_args("data", "--trainer.max_epochs=2", "--model.lr_schedule=constant", f"--ckpt_path={last}")
-    with pytest.raises(SystemExit) as refused:
+    schedule, smoothing = "--model.lr_schedule=constant", "--model.label_smoothing=0.2"
+    changed = fit_args("data", "--trainer.max_epochs=2", schedule, smoothing, f"--ckpt_path={last}")
+    with pytest.raises(UsageError) as refused:
         in_process(changed, root, monkeypatch)
     assert "trainer.max_epochs: 1 -> 2" in str(refused.value) and "--allow_config_change" in str(refused.value)
 
     cli = in_process([*changed, "--allow_config_change=true"], root, monkeypatch)
-    assert cli.trainer.current_epoch == 2 and cli.run_dir.resolve() == run_dir.resolve()  # the same run
+    assert cli.trainer.current_epoch == 2 and cli.run.directory.resolve() == run_dir.resolve()  # the same run
+    assert cli.model.hparams.label_smoothing == 0.2  # the allowed change is in force, not the checkpoint's value
     old_hash, new_hash = (run_dir / "config_hash.txt").read_text().split()
-    assert new_hash == cli.run_hash != old_hash
+    assert new_hash == cli.run.identity.hash != old_hash
     assert (run_dir / "config.yaml").is_file() and (run_dir / f"config-{new_hash[:12]}.yaml").is_file()
     assert torch.load(last, weights_only=True)["config_hash"] == new_hash
 
 
-def test_checkpoint_hyperparameters_take_precedence_over_the_command_line(finished, monkeypatch):
+def test_settings_that_shape_the_weights_cannot_change_on_resume(finished, monkeypatch):
     root, last = finished
-    args = fit_args("data", "--model.lr_schedule=constant", "--model.width=8", f"--ckpt_path={last}")
-    cli = in_process(args, root, monkeypatch)
-    assert cli.model.hparams.width == 4  # as trained: a checkpoint file's hyperparameters win (Lightning 2.6)
+    before = last.read_bytes()
+    allowed = "--allow_config_change=true"
+    args = fit_args("data", "--model.lr_schedule=constant", "--model.width=8", f"--ckpt_path={last}", allowed)
+    with pytest.raises(UsageError, match=r"cannot continue under model\.width: 4 -> 8"):
+        in_process(args, root, monkeypatch)
+    assert last.read_bytes() == before

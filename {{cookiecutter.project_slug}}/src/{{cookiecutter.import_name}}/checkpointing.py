@@ -19,6 +19,8 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from .errors import UserError
+
 TEMP_MARKER = ".tmp-"
 
 
@@ -53,7 +55,7 @@ def remove_stale_temporaries(folder: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A file that cannot be used as a checkpoint of this project; the message says why."""
 
 
@@ -61,9 +63,19 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint's contents (weights-only, on the CPU), or say what is wrong with the file."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as error:
+    except pickle.UnpicklingError as error:
+        # torch's message suggests weights_only=False, which would run the file's code: never for a file
+        # of unknown origin, and this project's checkpoints never need it.
+        raise CheckpointError(
+            f"{path} holds objects no checkpoint of this project contains (or is corrupt); use a checkpoint "
+            "written by main.py fit, and do not load this file with weights_only=False unless you trust its source"
+        ) from error
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
         reason = str(error).splitlines()[0]
-        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from error
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint (truncated or corrupt: {reason}); use another checkpoint of the "
+            "run, e.g. its checkpoints/last.ckpt or best-*.ckpt"
+        ) from error
     if not isinstance(checkpoint, dict) or not {"state_dict", "hyper_parameters"} <= checkpoint.keys():
-        raise CheckpointError(f"{path} is not a checkpoint written by main.py fit of this project")
+        raise CheckpointError(f"{path} is not a checkpoint written by main.py fit of this project; give one that is")
     return checkpoint

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from torchvision.datasets.utils import calculate_md5, download_url
 
+from ..errors import UsageError, UserError
 from .cifar_format import IMAGE_SHAPE, ROW_LENGTH, CifarFormat, read_batch
 
 log = logging.getLogger(__name__)
@@ -29,10 +30,15 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT_VERSION = 1
 MARKER = "meta.json"
 SPLITS = ("train", "test")
+REPACK = "delete it and run again to download the official archive, or repack your data in the CIFAR format"
 
 
-class DataError(RuntimeError):
+class DataError(UserError):
     """The data on disk cannot be used; the message says what is wrong and how to fix it."""
+
+
+class DataSettingError(UsageError, DataError):
+    """A data setting that does not fit the data (too large a split or batch, wrong class names)."""
 
 
 @dataclass(frozen=True)
@@ -65,9 +71,9 @@ def cache_dir(data_dir: Path, fmt: CifarFormat) -> Path:
 
 def _missing_archive_message(path: Path, fmt: CifarFormat, reason: str) -> str:
     return (
-        f"{fmt.title} archive not found at {path} ({reason}). Download {fmt.url} "
+        f"{fmt.title} archive not found at {path} ({reason}); download {fmt.url} "
         f"on a machine with network access and place it at {path}, or point data.data_dir "
-        "at the folder that holds it."
+        "at the folder that holds it"
     )
 
 
@@ -95,9 +101,9 @@ def ensure_archive(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_c
     md5 = calculate_md5(str(path))
     if verify_checksum and md5 != fmt.md5:
         raise DataError(
-            f"{path} has MD5 {md5}, but the official {fmt.title} archive has {fmt.md5}. "
-            "If the file is damaged, delete it and run again to download it afresh; if it is your own "
-            "data packed in the CIFAR format, set data.verify_checksum to false."
+            f"{path} has MD5 {md5}, but the official {fmt.title} archive has {fmt.md5}; "
+            "if the file is damaged, delete it and run again to download it afresh; if it is your own "
+            "data packed in the CIFAR format, set data.verify_checksum to false"
         )
     return path, md5
 
@@ -124,15 +130,18 @@ def _read_member(tar: tarfile.TarFile, archive: Path, member: str) -> dict[str, 
         handle = tar.extractfile(member)
         raw = handle.read() if handle is not None else None
     except KeyError:
-        raise DataError(f"{archive} has no member {member!r}; is it a CIFAR archive of the right kind?") from None
+        raise DataError(
+            f"{archive} has no member {member!r}, so it is damaged or not an archive of data.dataset's kind; "
+            "delete it and run again to download it afresh, or set data.dataset to the kind it is"
+        ) from None
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         raise DataError(f"{archive} is damaged ({error}); delete it and run again to download it afresh") from error
     if raw is None:
-        raise DataError(f"{archive}: {member!r} is not a regular file")
+        raise DataError(f"{archive}: {member!r} is not a regular file; {REPACK}")
     try:
         return read_batch(raw)
     except Exception as error:  # a corrupt pickle raises many different types
-        raise DataError(f"{archive}: cannot read {member!r} as a CIFAR batch ({error})") from error
+        raise DataError(f"{archive}: cannot read {member!r} as a CIFAR batch ({error}); {REPACK}") from error
 
 
 def _read_split(tar: tarfile.TarFile, archive: Path, fmt: CifarFormat, files: tuple[str, ...], num_classes: int):
@@ -144,14 +153,14 @@ def _read_split(tar: tarfile.TarFile, archive: Path, fmt: CifarFormat, files: tu
             data = np.asarray(batch["data"])
             targets = np.asarray(batch[fmt.labels_key], dtype=np.int64)
         except KeyError as error:
-            raise DataError(f"{archive}: {member!r} lacks the key {error}") from None
+            raise DataError(f"{archive}: {member!r} lacks the key {error}; {REPACK}") from None
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != ROW_LENGTH or len(targets) != len(data):
             raise DataError(
                 f"{archive}: {member!r} holds data {data.dtype}{data.shape} with {len(targets)} labels; "
-                f"expected uint8 (N, {ROW_LENGTH}) rows with N labels"
+                f"expected uint8 (N, {ROW_LENGTH}) rows with N labels; {REPACK}"
             )
         if len(targets) and (targets.min() < 0 or targets.max() >= num_classes):
-            raise DataError(f"{archive}: {member!r} has labels outside 0..{num_classes - 1}")
+            raise DataError(f"{archive}: {member!r} has labels outside 0..{num_classes - 1}; {REPACK}")
         images.append(data.reshape(-1, *IMAGE_SHAPE))
         labels.append(targets)
     return np.concatenate(images), np.concatenate(labels)
@@ -177,7 +186,7 @@ def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarF
             meta = _read_member(tar, archive, fmt.member(fmt.meta_file))
             class_names = tuple(str(name) for name in meta.get(fmt.names_key, ()))
             if not class_names:
-                raise DataError(f"{archive}: {fmt.meta_file!r} has no {fmt.names_key!r}")
+                raise DataError(f"{archive}: {fmt.meta_file!r} has no {fmt.names_key!r}; {REPACK}")
             counts = {}
             for split, files in zip(SPLITS, (fmt.train_files, fmt.test_files), strict=True):
                 images, labels = _read_split(tar, archive, fmt, files, len(class_names))
@@ -211,14 +220,47 @@ def _remove_stale_partials(data_dir: Path, fmt: CifarFormat) -> None:
         stale.unlink(missing_ok=True)
 
 
+def fingerprint(data_dir: Path, fmt: CifarFormat, *, download: bool = True, verify_checksum: bool = True) -> str:
+    """What the data is, whatever folder it lies in: the dataset's name and its archive's MD5.
+
+    A checked archive is the official one (a different file is refused before training), so its
+    MD5 need not be computed; your own archive's is; without an archive, the converted cache
+    records the MD5 it was made from; data still to be downloaded will be the official archive,
+    and data neither here nor to be downloaded is refused at once.
+    """
+    archive = archive_path(data_dir, fmt)
+    if archive.is_file():
+        md5 = fmt.md5 if verify_checksum else calculate_md5(str(archive))
+    else:
+        cache = load_cache(data_dir, fmt)
+        if cache is None and not download:
+            raise DataError(_missing_archive_message(archive, fmt, "and data.download is false"))
+        md5 = cache.archive_md5 if cache is not None else fmt.md5
+    return f"{fmt.name}:{md5}"
+
+
 def prepare(data_dir: Path, fmt: CifarFormat, *, download: bool = True, verify_checksum: bool = True) -> Cache:
     """Make sure a complete cache built from the archive in ``data_dir`` exists; return it.
 
     Without the archive, a complete cache alone is used as is (the archive may be deleted
-    after conversion to save space).
+    after conversion to save space). A folder this call had to create is removed again if
+    preparing fails, and none is created when there is nothing to download into it.
     """
     data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    if not data_dir.is_dir():
+        if not download:
+            raise DataError(_missing_archive_message(archive_path(data_dir, fmt), fmt, "and data.download is false"))
+        topmost_new = next(p for p in reversed([data_dir, *data_dir.parents]) if not p.exists())
+        data_dir.mkdir(parents=True)
+        try:
+            return _prepare_in(data_dir, fmt, download=download, verify_checksum=verify_checksum)
+        except BaseException:
+            shutil.rmtree(topmost_new, ignore_errors=True)
+            raise
+    return _prepare_in(data_dir, fmt, download=download, verify_checksum=verify_checksum)
+
+
+def _prepare_in(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_checksum: bool) -> Cache:
     with open(data_dir / f".{fmt.name}.lock", "w") as lock:
         # One preparer at a time per data folder (two jobs, or several nodes on a shared disk);
         # holding the lock also makes any partial file left in the folder a stale one.

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from .archive import Cache, DataError, load_cache, prepare
+from .archive import Cache, DataError, DataSettingError, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .cifar_format import FORMATS
 from .dataset import MemmapBatches, Positions, ResidentBatches, keep_batch
@@ -120,14 +120,17 @@ class CifarDataModule(L.LightningDataModule):
         if self.cache is None:
             raise DataError(f"no converted {self.format.title} data in {self.data_dir}; prepare_data() must run first")
         if list(self.cache.class_names) != self.class_names:
-            raise DataError(
+            raise DataSettingError(
                 f"the archive's class names {list(self.cache.class_names)} differ from data.class_names "
                 f"{self.class_names}; set data.class_names to the archive's names"
             )
         train = self.cache.split("train")
         num_train = len(np.load(train.labels, mmap_mode="r"))
         if self.val_size >= num_train:
-            raise DataError(f"data.val_size={self.val_size} leaves no training images (the archive has {num_train})")
+            raise DataSettingError(
+                f"data.val_size={self.val_size} leaves no training images (the archive has {num_train}); "
+                f"set data.val_size below {num_train}, or to 0 to validate on the test set"
+            )
         order = np.random.default_rng(self.split_seed).permutation(num_train)
         held_out, kept = np.sort(order[: self.val_size]), np.sort(order[self.val_size :])
         self.train_set = MemmapBatches(train.images, train.labels, kept, with_ids=True)
@@ -137,13 +140,13 @@ class CifarDataModule(L.LightningDataModule):
         world_size = self.trainer.world_size if self.trainer is not None else 1
         if self.global_batch_size is not None:
             if self.global_batch_size % world_size:
-                raise DataError(
+                raise DataSettingError(
                     f"data.global_batch_size={self.global_batch_size} does not divide over {world_size} devices; "
                     f"use a multiple of {world_size}, or set data.batch_size per device instead"
                 )
             self.batch_size = self.global_batch_size // world_size
         if stage == "fit" and len(self.train_set) < self.batch_size * world_size:
-            raise DataError(
+            raise DataSettingError(
                 f"data.batch_size={self.batch_size} per device x {world_size} devices is more than the "
                 f"{len(self.train_set)} training images; lower data.batch_size"
             )

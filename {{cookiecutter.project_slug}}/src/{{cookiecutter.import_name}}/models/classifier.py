@@ -10,20 +10,12 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import (
-    CosineAnnealingLR,
-    LambdaLR,
-    LinearLR,
-    LRScheduler,
-    OneCycleLR,
-    SequentialLR,
-)
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from .backbones import BackboneName, PatchWhitening, build_backbone
+from .schedules import Replanned, ScheduleName, build_schedule
 
-Schedule = Literal["onecycle", "warmup_cosine", "triangle", "constant"]
 TestTimeAugmentation = Literal["none", "flip", "flip_translate"]
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -57,7 +49,7 @@ class ImageClassifier(L.LightningModule):
         width: int = 64,
         label_smoothing: float = 0.1,
         optimizer: OptimizerCallable | None = None,
-        lr_schedule: Schedule = "onecycle",
+        lr_schedule: ScheduleName = "onecycle",
         warmup_fraction: float = 0.2,
         lr_start_factor: float = 0.2,
         lr_end_factor: float = 0.07,
@@ -82,7 +74,8 @@ class ImageClassifier(L.LightningModule):
             label_smoothing: Label smoothing of the cross-entropy loss.
             optimizer: Optimizer class and arguments; defaults to SGD(lr=0.1, momentum=0.9, nesterov, wd=5e-4).
             lr_schedule: Per-step learning-rate schedule over the whole run: onecycle, warmup_cosine,
-                triangle (linear up from lr_start_factor, then linear down to lr_end_factor) or constant.
+                triangle (linear up from lr_start_factor, then linear down to lr_end_factor) or constant;
+                an extended run re-plans it over its new length (see schedules.py).
             warmup_fraction: Fraction of all optimizer steps spent warming up (onecycle, warmup_cosine, triangle).
             lr_start_factor: First step's learning rate as a fraction of the peak (triangle).
             lr_end_factor: Last step's learning rate as a fraction of the peak (triangle).
@@ -234,10 +227,31 @@ class ImageClassifier(L.LightningModule):
             group["lr"] *= scale
             if "weight_decay" in group:
                 group["weight_decay"] /= scale
-        scheduler = self._schedule(optimizer)
-        if scheduler is None:
-            return optimizer
+        # The schedule spans all optimizer steps of the run as the trainer counts them now.
+        scheduler = build_schedule(
+            self.hparams.lr_schedule,
+            optimizer,
+            int(self.trainer.estimated_stepping_batches),
+            self.hparams.warmup_fraction,
+            self.hparams.lr_start_factor,
+            self.hparams.lr_end_factor,
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # A run that reaches max_steps inside an epoch would end without validating its final weights
+        # (the last val/* would be the previous epoch's). Asking to stop makes Lightning validate now,
+        # after every callback's batch end (Lookahead's last copy included); the checkpoints follow.
+        max_steps = self.trainer.max_steps
+        if max_steps is not None and 0 < max_steps <= self.trainer.global_step:
+            self.trainer.should_stop = True
+
+    def on_train_start(self) -> None:
+        # A checkpoint without the schedule's step (e.g. one written by a run without a schedule)
+        # still puts the schedule where the run is.
+        scheduler = self.lr_schedulers()
+        if isinstance(scheduler, Replanned) and scheduler.last_epoch != self.trainer.global_step:
+            scheduler.resume_at(self.trainer.global_step)
 
     def _parameter_groups(self) -> Iterable[Tensor] | list[dict[str, Any]]:
         scale = self.hparams.norm_bias_lr_scale
@@ -247,34 +261,3 @@ class ImageClassifier(L.LightningModule):
         scaled = {id(parameter) for parameter in shifts}
         others = [parameter for parameter in self.parameters() if id(parameter) not in scaled]
         return [{"params": others}, {"params": shifts, "lr_scale": scale}]
-
-    def _schedule(self, optimizer: torch.optim.Optimizer) -> LRScheduler | None:
-        """The schedule over all optimizer steps of the run, counted by the trainer."""
-        total_steps = int(self.trainer.estimated_stepping_batches)
-        if self.hparams.lr_schedule == "constant" or total_steps < 3:
-            return None  # a run of one or two steps has no schedule to follow
-        warmup_steps = int(self.hparams.warmup_fraction * total_steps)
-        if self.hparams.lr_schedule == "triangle":
-            return LambdaLR(optimizer, triangle(total_steps, warmup_steps, self.hparams.lr_start_factor,
-                                                self.hparams.lr_end_factor))  # fmt: skip
-        if self.hparams.lr_schedule == "onecycle":
-            # OneCycleLR needs at least two warm-up steps and one step after them.
-            warmup_steps = min(max(warmup_steps, 2), total_steps - 1)
-            peak = [group["lr"] for group in optimizer.param_groups]
-            return OneCycleLR(optimizer, max_lr=peak, total_steps=total_steps, pct_start=warmup_steps / total_steps)
-        if warmup_steps == 0:
-            return CosineAnnealingLR(optimizer, T_max=total_steps)
-        warmup = LinearLR(optimizer, start_factor=1.0 / warmup_steps, total_iters=warmup_steps)
-        decay = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps)
-        return SequentialLR(optimizer, [warmup, decay], milestones=[warmup_steps])
-
-
-def triangle(total_steps: int, peak_step: int, start: float, end: float) -> Callable[[int], float]:
-    """Learning-rate factor per step: linear from ``start`` to 1 at ``peak_step``, then to ``end`` at the last step."""
-
-    def factor(step: int) -> float:
-        if step < peak_step:
-            return start + (1.0 - start) * step / peak_step
-        return 1.0 + (end - 1.0) * min(step - peak_step, total_steps - peak_step) / max(total_steps - peak_step, 1)
-
-    return factor

@@ -1,0 +1,124 @@
+"""Per-step learning-rate schedules that are planned from the config, never from a checkpoint.
+
+A schedule is a function of (step, total steps). Restored from a checkpoint it keeps only
+its step count; the total comes from the current ``max_epochs``/``max_steps``. Extending a
+finished run (``--trainer.max_epochs`` raised, ``--allow_config_change true``) therefore
+continues on the schedule the longer run would have followed from its start, from the step
+reached: a one-cycle or cosine run climbs back to where the longer plan is at that step and
+anneals again to the new end, as timm's schedulers do when epochs are added. A resumed run
+with an unchanged config follows exactly the same values as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any, Literal
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
+
+ScheduleName = Literal["onecycle", "warmup_cosine", "triangle", "constant"]
+
+
+class Replanned(LRScheduler):
+    """Mixin: checkpoint only the step; on restore, re-apply the configured hyperparameters at that step.
+
+    Lightning restores the optimizer's param groups (learning rates, momentum, weight decay and
+    the schedule's own keys) from the checkpoint before the scheduler. Those are the values of the
+    config that wrote the checkpoint; an allowed config change must win, so the groups get back
+    the values this run configured and the learning rate is recomputed for the restored step.
+    """
+
+    configured_groups: list[dict[str, Any]]
+
+    def remember_configuration(self) -> None:
+        self.configured_groups = [
+            {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.resume_at(int(state_dict["last_epoch"]))
+
+    def resume_at(self, step: int) -> None:
+        """Put the configured hyperparameters back and move the schedule to ``step``."""
+        for group, configured in zip(self.optimizer.param_groups, self.configured_groups, strict=True):
+            group.update(configured)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # step(epoch) is deprecated, but the public way to jump
+            self.step(min(step, self.last_step))
+
+    @property
+    def last_step(self) -> int:
+        return 2**62
+
+
+class PlannedLambdaLR(Replanned, LambdaLR):
+    def __init__(self, optimizer: Optimizer, factor: Callable[[int], float]) -> None:
+        super().__init__(optimizer, factor)
+        self.remember_configuration()
+
+
+class PlannedOneCycleLR(Replanned, OneCycleLR):
+    def __init__(self, optimizer: Optimizer, **kwargs: Any) -> None:
+        super().__init__(optimizer, **kwargs)
+        self.remember_configuration()
+
+    @property
+    def last_step(self) -> int:
+        return self.total_steps  # OneCycleLR refuses steps beyond its plan; a shortened run stops there
+
+
+def triangle(total_steps: int, peak_step: int, start: float, end: float) -> Callable[[int], float]:
+    """Factor per step: linear from ``start`` to 1 at ``peak_step``, then to ``end`` at the last step."""
+
+    def factor(step: int) -> float:
+        if step < peak_step:
+            return start + (1.0 - start) * step / peak_step
+        return 1.0 + (end - 1.0) * min(step - peak_step, total_steps - peak_step) / max(total_steps - peak_step, 1)
+
+    return factor
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """Factor per step: linear from 1/warmup_steps to 1, then a cosine to 0 at the last step."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (1.0 + step * (warmup_steps - 1) / warmup_steps) / warmup_steps
+        progress = min(step - warmup_steps, total_steps - warmup_steps) / max(total_steps - warmup_steps, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def constant(step: int) -> float:
+    return 1.0
+
+
+def build_schedule(
+    name: ScheduleName,
+    optimizer: Optimizer,
+    total_steps: int,
+    warmup_fraction: float,
+    start_factor: float,
+    end_factor: float,
+) -> Replanned:
+    """The named schedule over ``total_steps`` optimizer steps (a run of under 3 steps stays constant)."""
+    warmup_steps = int(warmup_fraction * total_steps)
+    if name == "constant" or total_steps < 3:
+        return PlannedLambdaLR(optimizer, constant)
+    if name == "triangle":
+        return PlannedLambdaLR(optimizer, triangle(total_steps, warmup_steps, start_factor, end_factor))
+    if name == "warmup_cosine":
+        return PlannedLambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
+    if name == "onecycle":
+        # OneCycleLR needs at least two warm-up steps and one step after them.
+        warmup_steps = min(max(warmup_steps, 2), total_steps - 1)
+        peak = [group["lr"] for group in optimizer.param_groups]
+        return PlannedOneCycleLR(optimizer, max_lr=peak, total_steps=total_steps, pct_start=warmup_steps / total_steps)
+    raise ValueError(f"model.lr_schedule must be one of onecycle, warmup_cosine, triangle, constant; got {name!r}")

@@ -1,0 +1,92 @@
+"""What a run directory records about itself, and what a session that has not trained yet may not write."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import SaveConfigCallback
+
+from .runs import HASH_FILENAME, Run
+
+
+class RunRecord(SaveConfigCallback):
+    """Save ``config.yaml`` and ``config_hash.txt`` once per run directory; record the identity everywhere.
+
+    The directory is named by the run's identity, so a config already there describes the same
+    computation and a resumed run keeps the original record. A resume allowed to change the config
+    adds ``config-<hash>.yaml`` and appends its hash to ``config_hash.txt``. Rank 0 looks, then
+    broadcasts, as the parent class does. The full hash and canonical config (with the data
+    fingerprint) go into every checkpoint, and the hash to the logger's hyperparameters.
+
+    It also counts this session's steps and images: until the first optimizer step, an exception
+    must not rewrite a checkpoint (the run's ``last.ckpt`` may belong to another config, and
+    nothing was learned), and the summary reports the session's throughput.
+    """
+
+    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.run = run
+        self.first_step: int | None = None
+        self._last_step = 0
+        self.images = 0
+        self.started = time.perf_counter()
+
+    @property
+    def trained(self) -> bool:
+        """Whether this session has taken an optimizer step."""
+        return self.first_step is not None and self.steps_taken > 0
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since this session's training started."""
+        return time.perf_counter() - self.started
+
+    @property
+    def steps_taken(self) -> int:
+        return self._last_step - self.first_step if self.first_step is not None else 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.already_saved:
+            self.log_dir = trainer.log_dir  # a collective call: every rank makes it, here
+            recorded = self._recorded_hashes() if trainer.is_global_zero else []
+            recorded = trainer.strategy.broadcast(recorded)
+            if recorded and self.run.identity.hash not in recorded:
+                self.config_filename = f"config-{self.run.identity.short}.yaml"  # a changed resume
+            self.already_saved = self.run.identity.hash in recorded
+        super().setup(trainer, pl_module, stage)
+
+    def _recorded_hashes(self) -> list[str]:
+        hashes = Path(self.log_dir, HASH_FILENAME)
+        if hashes.is_file():
+            return hashes.read_text().split()
+        return [self.run.identity.hash] if Path(self.log_dir, self.config_filename).is_file() else []
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # rank 0 only: no collectives here
+        with open(Path(self.log_dir, HASH_FILENAME), "a") as hashes:
+            hashes.write(self.run.identity.hash + "\n")
+        for logger in trainer.loggers:
+            logger.log_hyperparams({"config_hash": self.run.identity.hash})
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint["config_hash"] = self.run.identity.hash
+        checkpoint["config"] = self.run.identity.canonical
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.first_step = self._last_step = trainer.global_step
+        self.started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        self._last_step = trainer.global_step
+        self.images += len(batch[0]) * trainer.world_size
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # Runs before the ModelCheckpoints' own on_exception (Lightning puts checkpoint callbacks last).
+        if not self.trained:
+            for callback in trainer.checkpoint_callbacks:
+                if isinstance(callback, ModelCheckpoint):
+                    callback.save_on_exception = False

@@ -1,0 +1,249 @@
+"""Runs: what a run is, where it lives, which run a command continues, and undoing a start that failed.
+
+- **Identity.** A run is its resolved config (minus keys that cannot change results, see
+  ``config_hash.py``) plus a fingerprint of its data (the dataset and its archive's MD5: what
+  the data is, not where it lies). The SHA-256 of both names it; the first 12 hex digits name
+  its directory, ``<logger save_dir>/<logger name>/<hash>/``.
+- **Resuming.** ``--ckpt_path last`` continues this config's run; failing that, the latest run
+  of the same experiment folder, but only if its config is the same or ``--allow_config_change``
+  is given. Anything else is refused before a file is written (see the README's table).
+- **Failing.** A session that fails before its first optimizer step leaves the disk as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+
+from .config_hash import SHORT_LENGTH, canonical_config
+from .errors import UsageError
+
+CHECKPOINTS = "checkpoints"
+LAST = "last.ckpt"
+HASH_FILENAME = "config_hash.txt"
+# --ckpt_path values Lightning resolves itself.
+LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
+# Files a session may rewrite in an existing run directory, restored if it fails before training.
+SMALL_FILE_BYTES = 1 << 20
+# Settings that shape the weights: a checkpoint cannot continue under other values, even if allowed.
+WEIGHT_SHAPING_KEYS = ("model.backbone", "model.width", "data.dataset", "data.class_names")
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """The canonical config (with the data fingerprint) and its SHA-256."""
+
+    canonical: str
+
+    @classmethod
+    def of(cls, resolved_config: dict[str, Any], data_fingerprint: str) -> RunIdentity:
+        return cls(canonical_config({**resolved_config, "data_fingerprint": data_fingerprint}))
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.canonical.encode()).hexdigest()
+
+    @property
+    def short(self) -> str:
+        return self.hash[:SHORT_LENGTH]
+
+    def changes_from(self, other_canonical: str) -> dict[str, str]:
+        return config_changes(json.loads(other_canonical), json.loads(self.canonical))
+
+
+def config_changes(old: dict, new: dict, prefix: str = "") -> dict[str, str]:
+    """``{dotted key: "old -> new"}`` for every leaf that differs between two configs."""
+    changes = {}
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key, "<unset>"), new.get(key, "<unset>")
+        if isinstance(before, dict) and isinstance(after, dict):
+            changes.update(config_changes(before, after, f"{prefix}{key}."))
+        elif before != after:
+            changes[f"{prefix}{key}"] = f"{json.dumps(before)} -> {json.dumps(after)}"
+    return changes
+
+
+def describe(changes: dict[str, str]) -> str:
+    return "; ".join(f"{key}: {change}" for key, change in changes.items())
+
+
+def experiment_dir(trainer: Namespace) -> Path:
+    """The folder holding one directory per run: the logger's ``save_dir/name``, or ``runs``.
+
+    A relative ``save_dir`` lies under ``trainer.default_root_dir`` when that is given.
+    """
+    root = Path(trainer.get("default_root_dir") or ".")
+    logger = trainer.get("logger")
+    if isinstance(logger, Namespace) and "save_dir" in logger.get("init_args", Namespace()):
+        args = logger.init_args
+        return root / str(args.save_dir) / str(args.get("name") or "")
+    return root / "runs"
+
+
+def run_of_checkpoint(path: Path) -> Path | None:
+    """The run directory holding a checkpoint file, if the file lies in one (``<run>/checkpoints/``)."""
+    if path.parent.name != CHECKPOINTS:
+        return None
+    # Relative to the working directory when inside it, as the runs' own paths are.
+    relative = Path(os.path.relpath(path.parent.parent))
+    return path.parent.parent if relative.parts[:1] == ("..",) else relative
+
+
+def latest_last_checkpoint(experiment: Path, own_run: Path) -> Path | None:
+    """``last.ckpt`` of this config's run, else the most recently written one of the experiment."""
+    own = own_run / CHECKPOINTS / LAST
+    if own.is_file():
+        return own
+    candidates = sorted(experiment.glob(f"*/{CHECKPOINTS}/{LAST}"), key=lambda path: path.stat().st_mtime)
+    return candidates[-1] if candidates else None
+
+
+def resolve_checkpoint(
+    subcommand: str,
+    ckpt_path: str | None,
+    experiment: Path,
+    own_run: Path,
+    allow_fresh_start: bool,
+) -> Path | str | None:
+    """The checkpoint file a command starts from (a Lightning keyword passes through), or a usage error."""
+    if ckpt_path is None or ckpt_path in LIGHTNING_KEYWORDS:
+        return ckpt_path
+    if ckpt_path == "last":
+        if subcommand == "fit" and allow_fresh_start:
+            # A job script's "resume mine or start it": only this config's own run counts.
+            own = own_run / CHECKPOINTS / LAST
+            return own if own.is_file() else None
+        found = latest_last_checkpoint(experiment, own_run)
+        if found is not None:
+            return found
+        advice = (
+            "drop --ckpt_path to start one, or add --allow_fresh_start true to start one when there is none"
+            if subcommand == "fit"
+            else "train one first (main.py fit with the same --config), or pass the path of a .ckpt file"
+        )
+        raise UsageError(f"--ckpt_path last: there is no run with a {LAST} under {experiment}; {advice}")
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise UsageError(
+            f"--ckpt_path {ckpt_path}: no such file; give the path of a .ckpt file "
+            "(e.g. runs/<name>/<hash>/checkpoints/last.ckpt), or last for the latest run of this config"
+        )
+    return path
+
+
+@dataclass
+class Run:
+    """Where one command's logs and checkpoints go, and what it continues."""
+
+    subcommand: str
+    identity: RunIdentity
+    directory: Path
+    checkpoint: Path | str | None = None
+    resumed_run: Path | None = None
+    changes: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def plan(
+        cls,
+        subcommand: str,
+        identity: RunIdentity,
+        experiment: Path,
+        checkpoint: Path | str | None,
+        stored: dict[str, Any],
+        allow_config_change: bool,
+    ) -> Run:
+        """Decide the run directory, or refuse (before anything is written) with what to do instead."""
+        own = experiment / identity.short
+        checkpoint_run = run_of_checkpoint(checkpoint) if isinstance(checkpoint, Path) else None
+        if subcommand != "fit":
+            # Evaluating a run's checkpoint logs inside that run: <run>/<subcommand>/<hash>/.
+            directory = checkpoint_run / subcommand / identity.short if checkpoint_run else own
+            return cls(subcommand, identity, directory, checkpoint, checkpoint_run)
+        changes = {}
+        if isinstance(checkpoint, Path) and stored.get("config_hash") not in (None, identity.hash):
+            changes = identity.changes_from(stored.get("config", "{}"))
+            source = checkpoint_run or checkpoint
+            fixed = {key: change for key, change in changes.items() if key in WEIGHT_SHAPING_KEYS}
+            if fixed:
+                raise UsageError(
+                    f"the weights in {checkpoint} cannot continue under {describe(fixed)}; resume with the run's "
+                    "values, or start a new run without --ckpt_path"
+                )
+            if not allow_config_change:
+                raise UsageError(
+                    f"the config differs from the one of the run in {source} ({describe(changes)}); resume with "
+                    "that run's config, or add --allow_config_change true to continue it under this one "
+                    "(both configs stay recorded in the run)"
+                )
+        if checkpoint is None:
+            existing = sorted((own / CHECKPOINTS).glob("*.ckpt"))
+            if existing:
+                raise UsageError(
+                    f"{own} already holds checkpoints of this exact config ({existing[-1].name}, ...); "
+                    "resume it with --ckpt_path last, or delete that folder to train it again from scratch"
+                )
+        directory = checkpoint_run if checkpoint_run is not None else own
+        return cls(subcommand, identity, directory, checkpoint, checkpoint_run, changes)
+
+    def place(self, trainer: Namespace) -> None:
+        """Point the logger (or, without one, the root dir) at this run's directory."""
+        logger = trainer.get("logger")
+        if isinstance(logger, Namespace) and "save_dir" in logger.get("init_args", Namespace()):
+            logger.init_args.save_dir = str(self.directory.parent)
+            logger.init_args.name = ""
+            logger.init_args.version = self.directory.name
+        # Lightning's own files (SLURM's hpc_ckpt_*.ckpt, profiler output) go here too, so that a
+        # SLURM job auto-resumes only a run of its own config.
+        trainer.default_root_dir = str(self.directory)
+
+    @contextmanager
+    def undone_on_failure(self, keep: Any) -> Iterator[None]:
+        """Restore the run directory as it was if the body raises and ``keep()`` is false.
+
+        A new directory (and any folder above it made for it) is removed; in an existing one,
+        files the session added are deleted and small files it rewrote (``config_hash.txt``,
+        ``hparams.yaml``) get their old bytes back. Checkpoints are never rewritten before the
+        first step (see ``RunRecord.on_exception``), so they need no restoring.
+        """
+        newest_missing = next((p for p in reversed([self.directory, *self.directory.parents]) if not p.exists()), None)
+        before = _snapshot(self.directory) if newest_missing is None else {}
+        try:
+            yield
+        except BaseException:
+            if not keep():
+                if newest_missing is not None:
+                    shutil.rmtree(newest_missing, ignore_errors=True)
+                else:
+                    _restore(self.directory, before)
+            raise
+
+
+def _snapshot(directory: Path) -> dict[Path, bytes | None]:
+    """Every file under ``directory``: its bytes if small and not a checkpoint, else None."""
+    files: dict[Path, bytes | None] = {}
+    for path in directory.rglob("*"):
+        if path.is_file():
+            small = path.suffix != ".ckpt" and path.stat().st_size <= SMALL_FILE_BYTES
+            files[path] = path.read_bytes() if small else None
+    return files
+
+
+def _restore(directory: Path, before: dict[Path, bytes | None]) -> None:
+    for path in sorted(directory.rglob("*"), reverse=True):  # children before their folders
+        if path in before:
+            if before[path] is not None and path.read_bytes() != before[path]:
+                path.write_bytes(before[path])
+        elif path.is_dir():
+            if not any(known.is_relative_to(path) for known in before):
+                shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)

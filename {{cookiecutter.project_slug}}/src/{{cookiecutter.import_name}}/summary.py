@@ -1,0 +1,83 @@
+"""The lines a command prints when it ends: where everything went, and how it went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from .run_record import RunRecord
+
+
+def _number(value: float) -> str:
+    return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
+
+
+def _checkpoint_epoch(path: str) -> str:
+    try:
+        return str(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
+    except Exception:  # the summary must not fail a finished run
+        return "?"
+
+
+def fit_summary(trainer: L.Trainer, record: RunRecord) -> str:
+    """Run directory, best and last checkpoints, final metrics, time and throughput of a finished fit."""
+    run = record.run
+    lines = [f"Run: {run.directory}" + (f" (resumed from {run.checkpoint})" if run.checkpoint else "")]
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        if callback.monitor and callback.best_model_path:
+            score = _number(float(callback.best_model_score)) if callback.best_model_score is not None else "?"
+            epoch = _checkpoint_epoch(callback.best_model_path)
+            lines.append(f"Best checkpoint: {callback.best_model_path} ({callback.monitor} {score} at epoch {epoch})")
+        elif callback.monitor is None and (callback.last_model_path or callback.best_model_path):
+            latest = callback.last_model_path or callback.best_model_path  # without a monitor: the latest save
+            lines.append(f"Last checkpoint: {latest} (step {trainer.global_step})")
+    metrics = {
+        name: float(value)
+        for name, value in sorted(trainer.callback_metrics.items())
+        if name.startswith(("train/", "val/")) and not name.endswith(("_step", "_epoch")) and value.numel() == 1
+    }
+    if metrics:
+        lines.append("Final metrics: " + "  ".join(f"{name} {_number(value)}" for name, value in metrics.items()))
+    if record.steps_taken == 0:
+        lines.append(
+            "Nothing left to train: the run had already reached trainer.max_epochs/max_steps; to extend it, "
+            "raise them and add --allow_config_change true"
+        )
+    seconds = max(record.elapsed, 1e-9)
+    lines.append(
+        f"Time: {_duration(seconds)} for {record.steps_taken} steps this session "
+        f"({record.images / seconds:,.0f} images/s)"
+    )
+    if getattr(trainer.datamodule, "val_size", None) == 0:
+        lines.append(
+            "Note: data.val_size is 0, so val/* was measured on the test set and the best checkpoint was chosen "
+            "on it; set data.val_size to hold out training images for an unbiased choice"
+        )
+    if trainer.logger is not None and trainer.logger.save_dir:
+        lines.append(f"TensorBoard: tensorboard --logdir {Path(trainer.logger.save_dir)}")
+    return "\n".join(lines)
+
+
+def evaluation_summary(trainer: L.Trainer, record: RunRecord) -> str:
+    """Where a validate/test/predict command logged, and which checkpoint it evaluated."""
+    evaluated = record.run.checkpoint or "the untrained model (no --ckpt_path)"
+    return f"{record.run.subcommand.capitalize()} of {evaluated} logged to {record.run.directory}"
+
+
+def interruption_summary(trainer: L.Trainer, record: RunRecord) -> str:
+    """Where a fit that stopped early (Ctrl-C, SIGTERM, an error after training began) left its state."""
+    return (
+        f"Stopped at step {trainer.global_step} in {record.run.directory}; its checkpoints/last.ckpt holds the "
+        "state of the last save: run the same command with --ckpt_path last to continue"
+    )

@@ -1,0 +1,248 @@
+"""Runs as a user meets them, through real ``python main.py`` processes: where they go, how they end, and mistakes.
+
+Every bad input gets one ``error:`` line naming the knob, the right exit code, no traceback,
+and leaves every file under the working folder byte for byte as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+
+from .conftest import (
+    DATASET,
+    FAST_ARGS,
+    PROJECT_ROOT,
+    default_config,
+    fit_args,
+    only_run_dir,
+    run_cli,
+    write_tiny_archive,
+)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning"),
+]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with the SHA-256 of its bytes.
+
+    A data folder's lock file is left out: any use of the folder makes it, and removing a lock
+    file others may hold would break the lock.
+    """
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and not path.name.endswith(".lock")
+    }
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, str]:
+    """A folder with data and one finished 1-epoch run, and what that fit printed."""
+    root = tmp_path_factory.mktemp("finished")
+    write_tiny_archive(root / "data")
+    write_tiny_archive(root / "other_data", seed=7)  # another archive, as one's own data would be
+    (root / "bad_data").mkdir()
+    (root / "bad_data" / DATASET.archive_name).write_bytes(b"not a tar archive at all" * 100)
+    (root / "garbage.ckpt").write_bytes(b"\x80\x04garbage" * 50)
+    torch.save({"weights": torch.zeros(2)}, root / "foreign.ckpt")
+    (root / "a_file").write_text("a file where a folder is expected")
+    fitted = run_cli(*fit_args("data"), cwd=root)
+    return root, fitted.stdout
+
+
+def test_a_finished_fit_says_where_everything_went(finished):
+    root, stdout = finished
+    run_dir = only_run_dir(root)
+    lines = {line.split(":", 1)[0]: line for line in stdout.splitlines() if ":" in line}
+    assert lines["Run"] == f"Run: {run_dir.relative_to(root)}"
+    assert f"{run_dir.relative_to(root)}/checkpoints/best-epoch=000.ckpt (val/top1 " in lines["Best checkpoint"]
+    assert "at epoch 0)" in lines["Best checkpoint"]
+    assert f"{run_dir.relative_to(root)}/checkpoints/last.ckpt (step 10)" in lines["Last checkpoint"]
+    assert "val/top1 " in lines["Final metrics"] and "train/loss " in lines["Final metrics"]
+    assert "for 10 steps this session" in lines["Time"] and "images/s" in lines["Time"]
+    assert "Note" not in lines  # data.val_size > 0: validation is on held-out training images
+
+
+# (id, extra arguments, exit code, what the message must name)
+BAD_INPUTS = [
+    ("same-config-again", [], 2, "--ckpt_path last"),
+    ("changed-config", ["--ckpt_path=last", "--trainer.max_epochs=2"], 2, "trainer.max_epochs: 1 -> 2"),
+    ("other-data", ["--ckpt_path=last", "--data.data_dir=other_data"], 2, "data_fingerprint"),
+    ("weights-do-not-fit", ["--ckpt_path=last", "--model.width=8", "--allow_config_change=true"], 2, "model.width"),
+    ("no-run-to-resume", ["--ckpt_path=last", "--trainer.logger.init_args.name=other"], 2, "--allow_fresh_start"),
+    ("missing-checkpoint", ["--ckpt_path=nosuch.ckpt"], 2, "--ckpt_path nosuch.ckpt"),
+    ("garbage-checkpoint", ["--ckpt_path=garbage.ckpt"], 1, "garbage.ckpt"),
+    ("foreign-checkpoint", ["--ckpt_path=foreign.ckpt"], 1, "foreign.ckpt"),
+    ("missing-data-folder", ["--data.data_dir=nosuch", "--data.download=false"], 1, "data.data_dir"),
+    ("damaged-archive", ["--data.data_dir=bad_data", "--trainer.logger.init_args.name=bad"], 1, "bad_data"),
+    ("val-size-too-large", ["--data.val_size=100000", "--trainer.max_epochs=2"], 2, "data.val_size"),
+    ("batch-too-large", ["--data.batch_size=100000", "--trainer.max_epochs=2"], 2, "data.batch_size"),
+    ("bad-value", ["--model.warmup_fraction=2"], 2, "model.warmup_fraction"),
+    ("output-not-a-folder", ["--trainer.logger.init_args.save_dir=a_file/runs"], 1, "save_dir"),
+    (
+        "extension-failing-before-its-first-step",
+        ["--ckpt_path=last", "--trainer.max_epochs=2", "--allow_config_change=true", "--data.val_size=100000"],
+        2,
+        "data.val_size",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "code", "named"), [case[1:] for case in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
+def test_a_mistake_gets_one_line_and_changes_nothing_on_disk(finished, extra, code, named):
+    root, _ = finished
+    before = tree(root)
+    result = run_cli(*fit_args("data"), *extra, cwd=root, check=False)
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == code, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and len(error_lines) == 1, result.stderr[-3000:]
+    assert named in error_lines[0] and "; " in error_lines[0]  # what was wrong; what to do
+    assert tree(root) == before
+
+
+def test_the_traceback_is_one_switch_away(finished):
+    root, _ = finished
+    result = run_cli(*fit_args("data"), "--ckpt_path=nosuch.ckpt", cwd=root, check=False, env={"FULL_ERROR": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr and "UsageError" in result.stderr
+
+
+def test_evaluating_last_finds_the_run_and_says_where_it_logged(finished):
+    root, _ = finished
+    run_dir = only_run_dir(root)
+    test = ["test", "--config", str(default_config()), *FAST_ARGS, "--data.data_dir=data", "--ckpt_path=last"]
+    tested = run_cli(*test, cwd=root)
+    (logged,) = run_dir.glob("test/*/events.*")
+    checkpoint, log_dir = run_dir.relative_to(root) / "checkpoints" / "last.ckpt", logged.parent.relative_to(root)
+    assert f"Test of {checkpoint} logged to {log_dir}" in tested.stdout
+
+
+def test_default_root_dir_holds_the_runs_and_a_bare_command_uses_the_default_config(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    run_cli(*fit_args("data", "--trainer.default_root_dir=elsewhere"), cwd=tmp_path)
+    (under_root,) = tmp_path.glob("elsewhere/runs/*/*/checkpoints/last.ckpt")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "lightning_logs").exists()
+    run_cli("fit", *FAST_ARGS, "--data.data_dir=data", cwd=tmp_path)  # no --config at all
+    (bare,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    assert bare.parents[2].name == under_root.parents[2].name  # the default config's logger name
+    assert bare.parent.parent.name == under_root.parent.parent.name  # the same config: the same run name
+
+
+def test_a_job_script_may_start_fresh_or_resume_with_one_command(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    command = fit_args("data", "--ckpt_path=last", "--allow_fresh_start=true")
+    run_cli(*command, cwd=tmp_path)
+    again = run_cli(*command, cwd=tmp_path)
+    assert "(resumed from" in again.stdout and "Nothing left to train" in again.stdout
+    assert torch.load(only_run_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+
+
+def scalars(run_dir: Path, prefix: str) -> dict[str, dict[int, float]]:
+    """Every ``prefix*`` scalar of the run's own event files (not of evaluations logged inside it), by step."""
+    values: dict[str, dict[int, float]] = {}
+    for events_file in sorted(run_dir.glob("events.out.tfevents.*")):
+        events = EventAccumulator(str(events_file), size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            if tag.startswith(prefix):
+                values.setdefault(tag, {}).update({event.step: event.value for event in events.Scalars(tag)})
+    return values
+
+
+# The fast recipe (a CIFAR-10 recipe whatever the default dataset), small and in fp32 on the CPU.
+FAST = ["--config", "configs/cifar10_fast.yaml", "--data.global_batch_size=32", "--model.width=8"]
+FAST += ["--trainer.precision=32-true"]
+EXTENSIONS = [
+    pytest.param("onecycle", [], id="onecycle"),
+    pytest.param("warmup_cosine", [], id="warmup_cosine"),
+    pytest.param("triangle", [], id="triangle"),
+    pytest.param("constant", [], id="constant"),
+    pytest.param(
+        "onecycle", ["--config", "configs/presets/debug.yaml", "--trainer.limit_train_batches=6"], id="debug-preset"
+    ),
+    pytest.param("triangle", ["--config", "configs/presets/early_stopping.yaml"], id="early-stopping-preset"),
+]
+
+
+@pytest.mark.slow  # three training processes per case
+@pytest.mark.parametrize(("schedule", "stack"), EXTENSIONS)
+def test_an_extended_run_continues_on_the_schedule_of_the_longer_run(tmp_path, schedule, stack):
+    stack = [str(PROJECT_ROOT / part) if part.startswith("configs/") else part for part in stack]
+    write_tiny_archive(tmp_path / "data")
+    args = [*fit_args("data", f"--model.lr_schedule={schedule}"), *stack]
+    (tmp_path / "short").mkdir()
+    (tmp_path / "long").mkdir()
+    run_cli(*args, "--trainer.max_epochs=1", "--data.data_dir=../data", cwd=tmp_path / "short")
+    run_dir = only_run_dir(tmp_path / "short")
+    last = run_dir / "checkpoints" / "last.ckpt"
+    steps = torch.load(last, weights_only=True)["global_step"]
+    first_session = scalars(run_dir, "lr-")
+
+    extend = [*args, "--trainer.max_epochs=2", "--data.data_dir=../data", "--ckpt_path=last"]
+    refused = run_cli(*extend, cwd=tmp_path / "short", check=False)
+    assert refused.returncode == 2 and "--allow_config_change" in refused.stderr
+    run_cli(*extend, "--allow_config_change=true", cwd=tmp_path / "short")
+    run_cli(*args, "--trainer.max_epochs=2", "--data.data_dir=../data", cwd=tmp_path / "long")
+
+    assert torch.load(last, weights_only=True)["global_step"] == 2 * steps
+    assert len((run_dir / "config_hash.txt").read_text().split()) == 2
+    extended, planned_long = scalars(run_dir, "lr-"), scalars(only_run_dir(tmp_path / "long"), "lr-")
+    assert extended.keys() == planned_long.keys() and extended
+    for tag, by_step in planned_long.items():
+        assert sorted(extended[tag]) == list(range(2 * steps))
+        for step in range(steps):  # the first session followed the plan for its own length
+            assert extended[tag][step] == first_session[tag][step]
+        for step in range(steps, 2 * steps):  # then the plan for the new length, from where it stood
+            assert extended[tag][step] == pytest.approx(by_step[step], rel=1e-6), (tag, step)
+
+
+@pytest.mark.slow  # four training processes
+def test_the_fast_recipe_extends_and_validates_the_weights_it_ends_with(tmp_path):
+    write_tiny_archive(tmp_path / "data", CIFAR10)
+    fast = [part if not part.startswith("configs/") else str(PROJECT_ROOT / part) for part in FAST]
+    args = ["fit", *fast, *FAST_ARGS[:1], "--data.num_workers=0", "--trainer.accelerator=cpu", "--data.data_dir=data"]
+    # 192 training images in batches of 32: 6 steps per epoch; 9 steps end inside the second epoch.
+    first = run_cli(*args, "--trainer.max_steps=9", cwd=tmp_path)
+    assert "Note: data.val_size is 0" in first.stdout  # the best checkpoint is chosen on the test set, and it says so
+    run_dir = only_run_dir(tmp_path)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert sorted(scalars(run_dir, "val/top1")["val/top1"]) == [5, 8]  # the epoch's end and the final step
+
+    run_cli(*args, "--trainer.max_steps=15", "--ckpt_path=last", "--allow_config_change=true", cwd=tmp_path)
+    assert torch.load(last, weights_only=True)["global_step"] == 15
+    final = scalars(run_dir, "val/top1")["val/top1"]
+    assert sorted(final) == [5, 8, 11, 14]
+    # last.ckpt holds exactly the weights that were validated at the final step.
+    validated = run_cli("validate", *args[1:], "--trainer.max_steps=15", f"--ckpt_path={last}", cwd=tmp_path)
+    (logged,) = run_dir.glob("validate/*/events.*")
+    assert scalars(logged.parent, "val/top1")["val/top1"][0] == pytest.approx(final[14], abs=0)
+    assert "Validate of" in validated.stdout
+
+
+@pytest.mark.slow  # four training processes
+def test_ctrl_c_resume_extend_as_a_user_types_them(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    ctrl_c = {"KILL_AT": "train_batch:0:3", "KILL_SIGNAL": "SIGINT"}  # after the 4th batch
+    stopped = run_cli(*fit_args("data", probe), cwd=tmp_path, check=False, env=ctrl_c)
+    run_dir = only_run_dir(tmp_path)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert stopped.returncode != 0 and f"Stopped at step 4 in {run_dir.relative_to(tmp_path)}" in stopped.stdout
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+
+    resumed = run_cli(*fit_args("data", probe, "--ckpt_path=last"), cwd=tmp_path)
+    assert f"(resumed from {last.relative_to(tmp_path)})" in resumed.stdout
+    assert torch.load(last, weights_only=True)["global_step"] == 10
+
+    extend = ["--ckpt_path=last", "--trainer.max_epochs=3", "--allow_config_change=true"]
+    run_cli(*fit_args("data", probe, *extend), cwd=tmp_path)
+    assert torch.load(last, weights_only=True)["global_step"] == 30
+    assert only_run_dir(tmp_path) == run_dir  # one run, continued
