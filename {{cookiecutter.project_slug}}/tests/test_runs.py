@@ -7,6 +7,7 @@ and leaves every file under the working folder byte for byte as it was.
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,8 +46,8 @@ def tree(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> tuple[Path, str]:
-    """A folder with data and one finished 1-epoch run, and what that fit printed."""
+def finished(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A folder with data and one finished 1-epoch run, and that fit's process."""
     root = tmp_path_factory.mktemp("finished")
     write_tiny_archive(root / "data")
     write_tiny_archive(root / "other_data", seed=7)  # another archive, as one's own data would be
@@ -55,14 +56,13 @@ def finished(tmp_path_factory) -> tuple[Path, str]:
     (root / "garbage.ckpt").write_bytes(b"\x80\x04garbage" * 50)
     torch.save({"weights": torch.zeros(2)}, root / "foreign.ckpt")
     (root / "a_file").write_text("a file where a folder is expected")
-    fitted = run_cli(*fit_args("data"), cwd=root)
-    return root, fitted.stdout
+    return root, run_cli(*fit_args("data"), cwd=root)
 
 
 def test_a_finished_fit_says_where_everything_went(finished):
-    root, stdout = finished
+    root, fitted = finished
     run_dir = only_run_dir(root)
-    lines = {line.split(":", 1)[0]: line for line in stdout.splitlines() if ":" in line}
+    lines = {line.split(":", 1)[0]: line for line in fitted.stdout.splitlines() if ":" in line}
     assert lines["Run"] == f"Run: {run_dir.relative_to(root)}"
     assert f"{run_dir.relative_to(root)}/checkpoints/best-epoch=000.ckpt (val/top1 " in lines["Best checkpoint"]
     assert "at epoch 0)" in lines["Best checkpoint"]
@@ -70,6 +70,7 @@ def test_a_finished_fit_says_where_everything_went(finished):
     assert "val/top1 " in lines["Final metrics"] and "train/loss " in lines["Final metrics"]
     assert "for 10 steps this session" in lines["Time"] and "images/s" in lines["Time"]
     assert "Note" not in lines  # data.val_size > 0: validation is on held-out training images
+    assert "LeafSpec" not in fitted.stderr and "💡" not in fitted.stderr  # known upstream noise is muted
 
 
 # (id, extra arguments, exit code, what the message must name)
@@ -123,6 +124,7 @@ def test_evaluating_last_finds_the_run_and_says_where_it_logged(finished):
     (logged,) = run_dir.glob("test/*/events.*")
     checkpoint, log_dir = run_dir.relative_to(root) / "checkpoints" / "last.ckpt", logged.parent.relative_to(root)
     assert f"Test of {checkpoint} logged to {log_dir}" in tested.stdout
+    assert "dirpath has changed" not in tested.stderr
 
 
 def test_default_root_dir_holds_the_runs_and_a_bare_command_uses_the_default_config(tmp_path):
@@ -240,6 +242,7 @@ def test_ctrl_c_resume_extend_as_a_user_types_them(tmp_path):
 
     resumed = run_cli(*fit_args("data", probe, "--ckpt_path=last"), cwd=tmp_path)
     assert f"(resumed from {last.relative_to(tmp_path)})" in resumed.stdout
+    assert "exists and is not empty" not in resumed.stderr
     assert torch.load(last, weights_only=True)["global_step"] == 10
 
     extend = ["--ckpt_path=last", "--trainer.max_epochs=3", "--allow_config_change=true"]

@@ -20,6 +20,7 @@ from .data.archive import fingerprint
 from .data.cifar_format import FORMATS
 from .errors import UsageError, exit_with
 from .models import ImageClassifier
+from .noise import silence_known_noise
 from .run_record import RunRecord
 from .runs import Run, RunIdentity, experiment_dir, resolve_checkpoint
 from .summary import evaluation_summary, fit_summary, interruption_summary
@@ -42,6 +43,7 @@ class TrainerCLI(LightningCLI):
 
     def __init__(self, default_config: Path | None = None, **kwargs: Any) -> None:
         """``default_config``: the YAML every subcommand starts from, so a bare command has the full setup."""
+        silence_known_noise()
         kwargs.setdefault("save_config_callback", RunRecord)
         # The model takes its optimizer as an argument (model.optimizer), so no top-level group.
         kwargs.setdefault("auto_configure_optimizers", False)

@@ -54,11 +54,12 @@ def fit_summary(trainer: L.Trainer, record: RunRecord) -> str:
             "Nothing left to train: the run had already reached trainer.max_epochs/max_steps; to extend it, "
             "raise them and add --allow_config_change true"
         )
-    seconds = max(record.elapsed, 1e-9)
-    lines.append(
-        f"Time: {_duration(seconds)} for {record.steps_taken} steps this session "
-        f"({record.images / seconds:,.0f} images/s)"
-    )
+    else:
+        seconds = max(record.elapsed, 1e-9)
+        lines.append(
+            f"Time: {_duration(seconds)} for {record.steps_taken} steps this session "
+            f"({record.images / seconds:,.0f} images/s)"
+        )
     if getattr(trainer.datamodule, "val_size", None) == 0:
         lines.append(
             "Note: data.val_size is 0, so val/* was measured on the test set and the best checkpoint was chosen "

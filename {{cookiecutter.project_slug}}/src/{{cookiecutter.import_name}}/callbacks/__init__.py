@@ -5,6 +5,7 @@ from .grad_scale_watchdog import GradScaleWatchdog
 from .gradient_histograms import GradientHistograms
 from .lookahead import Lookahead
 from .model_report import ModelReport
+from .prediction_writer import PredictionWriter
 from .random_state import RandomState
 from .sample_grid import SampleGrid
 from .throughput import ImageThroughput
@@ -16,6 +17,7 @@ __all__ = [
     "ImageThroughput",
     "Lookahead",
     "ModelReport",
+    "PredictionWriter",
     "RandomState",
     "SampleGrid",
 ]

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from .archive import Cache, DataError, DataSettingError, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .cifar_format import FORMATS
-from .dataset import MemmapBatches, Positions, ResidentBatches, keep_batch
+from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, keep_batch
+from .image_folder import load_image_folder
 from .loader import FirstBatchStartLoader, TrainerEpochSampler
 
 Storage = Literal["auto", "device", "memmap"]
@@ -46,6 +47,7 @@ class CifarDataModule(L.LightningDataModule):
         verify_checksum: bool = True,
         class_names: list[str] | None = None,
         pin_memory: bool = True,
+        predict_dir: str | None = None,
     ) -> None:
         """Configure the data.
 
@@ -71,6 +73,8 @@ class CifarDataModule(L.LightningDataModule):
             verify_checksum: Check the archive's MD5 against the official one; false to use your own CIFAR-format data.
             class_names: Class names of your own CIFAR-format data; defaults to the official names.
             pin_memory: Pin host batches for faster, asynchronous copies to the GPU.
+            predict_dir: Folder of your own images (PNG, JPEG, ...; resized to 32x32) for ``predict``;
+                by default ``predict`` runs on the test split.
         """
         super().__init__()
         # The model records the resolved class names; the data's unresolved default would clash with them.
@@ -108,14 +112,26 @@ class CifarDataModule(L.LightningDataModule):
             raise ValueError(f"data.storage must be auto, device or memmap, got {storage!r}")
         self.storage = storage
         self.augment = BatchAugment(crop_padding, flip, cutout, crop_padding_mode)
+        self.predict_dir = Path(predict_dir) if predict_dir else None
         self.cache: Cache | None = None
         self.resident: dict[str, ResidentBatches] = {}
         self.seed = 0
+        self.predict_set: MemmapBatches | TensorBatches | None = None
+        self.predict_names: list[str] = []  # what each predicted image is: a test-set index, or a file
+
+    def _predicting_own_images(self) -> bool:
+        return self.predict_dir is not None and self.trainer is not None and self.trainer.predicting
 
     def prepare_data(self) -> None:
-        prepare(self.data_dir, self.format, download=self.download, verify_checksum=self.verify_checksum)
+        if not self._predicting_own_images():  # your own images need no archive
+            prepare(self.data_dir, self.format, download=self.download, verify_checksum=self.verify_checksum)
 
     def setup(self, stage: str) -> None:
+        if stage == "predict" and self.predict_dir is not None:
+            images, self.predict_names = load_image_folder(self.predict_dir)
+            self.predict_set = TensorBatches(images)
+            self.seed = torch.initial_seed()
+            return
         self.cache = load_cache(self.data_dir, self.format)
         if self.cache is None:
             raise DataError(f"no converted {self.format.title} data in {self.data_dir}; prepare_data() must run first")
@@ -137,6 +153,8 @@ class CifarDataModule(L.LightningDataModule):
         test = self.cache.split("test")
         self.test_set = MemmapBatches(test.images, test.labels)
         self.val_set = MemmapBatches(train.images, train.labels, held_out) if self.val_size else self.test_set
+        self.predict_set = self.test_set
+        self.predict_names = [str(index) for index in range(len(self.test_set))]
         world_size = self.trainer.world_size if self.trainer is not None else 1
         if self.global_batch_size is not None:
             if self.global_batch_size % world_size:
@@ -179,8 +197,10 @@ class CifarDataModule(L.LightningDataModule):
         needed = sum(array.nbytes for array in self.train_set.arrays)
         return needed <= RESIDENT_SHARE_OF_FREE_MEMORY * torch.cuda.mem_get_info(device)[0]
 
-    def _splits(self) -> dict[str, MemmapBatches]:
-        return {"train": self.train_set, "val": self.val_set, "test": self.test_set}
+    def _splits(self) -> dict[str, MemmapBatches | TensorBatches]:
+        if self.cache is None:  # only your own images, for predict
+            return {"predict": self.predict_set}
+        return {"train": self.train_set, "val": self.val_set, "test": self.test_set, "predict": self.predict_set}
 
     def train_images(self, count: int) -> Tensor:
         """The first ``count`` training images (uint8, on the CPU), in their fixed order: for fitting layers to data."""
@@ -241,7 +261,7 @@ class CifarDataModule(L.LightningDataModule):
         return self._loader("test", self.eval_batch_size, train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", self.eval_batch_size, train=False)
+        return self._loader("predict", self.eval_batch_size, train=False)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Lightning also routes the model's example input (a bare tensor) through here: leave it be.

@@ -90,6 +90,21 @@ class ResidentBatches(Dataset):
         return tuple(part.index_select(0, positions) for part in self.tensors)  # ~16x faster than [] on CPUs
 
 
+class TensorBatches(Dataset):
+    """Images already in memory (a folder of your own, for predict), with a label of -1 each."""
+
+    def __init__(self, images: Tensor) -> None:
+        self.images = images
+        self.labels = torch.full((len(images),), -1, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitems__(self, positions: Sequence[int]) -> tuple[Tensor, Tensor]:
+        rows = torch.as_tensor(positions, dtype=torch.int64)
+        return self.images[rows], self.labels[rows]
+
+
 def keep_batch(batch: tuple[Tensor, ...] | Positions) -> tuple[Tensor, ...] | Positions:
     """Collate function for these datasets: they already return a whole batch."""
     return batch
