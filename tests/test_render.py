@@ -40,6 +40,7 @@ COMMON_FILES = {
     "configs/presets/debug.yaml",
     "configs/presets/fast_dev_run.yaml",
     "scripts/slurm.sbatch",
+    "scripts/tensorboard_screenshots.py",
     "benchmarks/bench_data.py",
     "benchmarks/bench_step.py",
     "tests/test_benchmarks.py",
@@ -60,6 +61,7 @@ COMMON_FILES = {
     "tests/test_predict.py",
     "tests/test_reproducibility.py",
     "tests/test_runs.py",
+    "tests/test_tensorboard_pages.py",
 }
 PACKAGE_FILES = {
     "__init__.py",

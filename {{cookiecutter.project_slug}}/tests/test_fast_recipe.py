@@ -42,9 +42,9 @@ def test_fast_recipe_trains_evaluates_with_tta_and_exports(tmp_path):
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    assert {"val/top1", "train/loss_step", "lr-SGD/pg1", "lr-SGD/pg2"} <= scalars
-    lrs = [event.value for event in events.Scalars("lr-SGD/pg1")]
-    biases = [event.value for event in events.Scalars("lr-SGD/pg2")]
+    assert {"val/top1", "train/loss_step", "train/lr/pg1", "train/lr/pg2"} <= scalars
+    lrs = [event.value for event in events.Scalars("train/lr/pg1")]
+    biases = [event.value for event in events.Scalars("train/lr/pg2")]
     assert lrs[0] < max(lrs) and lrs[-1] < max(lrs)  # the triangle: up, then down
     assert biases[0] == pytest.approx(64 * lrs[0])
 

@@ -186,7 +186,7 @@ def test_an_extended_run_continues_on_the_schedule_of_the_longer_run(tmp_path, s
     run_dir = only_run_dir(tmp_path / "short")
     last = run_dir / "checkpoints" / "last.ckpt"
     steps = torch.load(last, weights_only=True)["global_step"]
-    first_session = scalars(run_dir, "lr-")
+    first_session = scalars(run_dir, "train/lr")
 
     extend = [*args, "--trainer.max_epochs=2", "--data.data_dir=../data", "--ckpt_path=last"]
     refused = run_cli(*extend, cwd=tmp_path / "short", check=False)
@@ -196,7 +196,7 @@ def test_an_extended_run_continues_on_the_schedule_of_the_longer_run(tmp_path, s
 
     assert torch.load(last, weights_only=True)["global_step"] == 2 * steps
     assert len((run_dir / "config_hash.txt").read_text().split()) == 2
-    extended, planned_long = scalars(run_dir, "lr-"), scalars(only_run_dir(tmp_path / "long"), "lr-")
+    extended, planned_long = scalars(run_dir, "train/lr"), scalars(only_run_dir(tmp_path / "long"), "train/lr")
     assert extended.keys() == planned_long.keys() and extended
     for tag, by_step in planned_long.items():
         assert sorted(extended[tag]) == list(range(2 * steps))

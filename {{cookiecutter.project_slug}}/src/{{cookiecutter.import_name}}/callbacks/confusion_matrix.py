@@ -12,14 +12,22 @@ matplotlib.use("Agg")  # draw into images only; never open a window
 import matplotlib.pyplot as plt
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from .tensorboard import tensorboard_writers
+from .tensorboard import metrics_step, tensorboard_writers
+
+# Drawn this wide (px), it shows at TensorBoard's default card size without being scaled down.
+FIGURE_PIXELS = 400
+DPI = 100
+# Up to this many classes each cell carries its value and the axes carry every class name.
+ANNOTATED_CLASSES = 20
 
 
 class ConfusionMatrix(L.Callback):
     """Log ``val/confusion_matrix`` (figure) and ``val_class_top1/<class>`` after each validation.
 
-    The metric is a torchmetrics object, so under DDP it is summed over every rank's shard
-    before anything is drawn.
+    The figure is 400 px wide, so TensorBoard shows it unscaled: rows normalised per true class
+    with a colour scale and, up to 20 classes, each cell's value and every class name. Both are
+    logged at the step of the ``val/*`` scalars of the same validation. The metric is a
+    torchmetrics object, so under DDP it is summed over every rank's shard before anything is drawn.
     """
 
     def __init__(self, normalize: bool = True, max_named_classes: int = 100) -> None:
@@ -62,29 +70,42 @@ class ConfusionMatrix(L.Callback):
         per_class = {
             f"val_class_top1/{name}": float(acc) for name, acc in zip(class_names, correct / totals, strict=True)
         }
+        step = metrics_step(trainer)
         for logger in trainer.loggers:
-            logger.log_metrics(per_class, step=trainer.global_step)
+            logger.log_metrics(per_class, step=step)
         writers = tensorboard_writers(trainer, self, "confusion matrices")
         if not writers:
             return
         figure = self._draw(matrix, class_names)
         for writer in writers:
-            writer.add_figure("val/confusion_matrix", figure, trainer.global_step, close=False)
+            writer.add_figure("val/confusion_matrix", figure, step, close=False)
         plt.close(figure)
 
     def _draw(self, matrix, class_names: list[str]):
-        values = matrix.float()
+        values = matrix.float().cpu()
         if self.normalize:
             values = values / values.sum(dim=1, keepdim=True).clamp(min=1)
-        size = min(4 + 0.35 * len(class_names), 24)
-        figure, axes = plt.subplots(figsize=(size, size))
-        axes.imshow(values.cpu().numpy(), cmap="Blues", vmin=0)
-        if len(class_names) <= self.max_named_classes:
-            ticks = range(len(class_names))
-            fontsize = 8 if len(class_names) <= 20 else 5
-            axes.set_xticks(ticks, class_names, rotation=90, fontsize=fontsize)
+        count = len(class_names)
+        annotated = count <= ANNOTATED_CLASSES
+        pixels = FIGURE_PIXELS if annotated else min(FIGURE_PIXELS + 8 * count, 1600)
+        figure, axes = plt.subplots(figsize=(pixels / DPI, pixels / DPI), dpi=DPI)
+        image = axes.imshow(values.numpy(), cmap="Blues", vmin=0, vmax=1.0 if self.normalize else None)
+        colorbar = figure.colorbar(image, ax=axes, fraction=0.046, pad=0.03)
+        colorbar.ax.tick_params(labelsize=6)
+        if annotated:
+            dark = 0.6 * float(values.max())
+            for row, cells in enumerate(values.tolist()):
+                for column, value in enumerate(cells):
+                    text = f"{value:.2f}".removeprefix("0") if self.normalize else f"{value:.0f}"
+                    colour = "white" if value > dark else "black"
+                    axes.text(column, row, text, ha="center", va="center", fontsize=6.5, color=colour)
+        if count <= self.max_named_classes:
+            ticks = range(count)
+            fontsize = 8 if annotated else 4
+            axes.set_xticks(ticks, class_names, rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize)
             axes.set_yticks(ticks, class_names, fontsize=fontsize)
-        axes.set_xlabel("predicted")
-        axes.set_ylabel("true")
-        figure.tight_layout()
+        axes.set_xlabel("predicted", fontsize=8)
+        axes.set_ylabel("true", fontsize=8)
+        axes.set_title("share of each true class" if self.normalize else "images", fontsize=8)
+        figure.tight_layout(pad=0.3)
         return figure

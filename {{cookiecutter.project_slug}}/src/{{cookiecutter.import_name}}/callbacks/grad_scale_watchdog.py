@@ -86,7 +86,8 @@ class GradScaleWatchdog(L.Callback):
             skipped = not loss_finite
         self._scale_before = None
         self._count(skipped)
-        pl_module.log("amp/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
+        if scaler is not None:  # without a scaler the count is flat zero until the run stops: not worth a chart
+            pl_module.log("amp/skipped_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
         self._check(trainer, scale)
 
     def _count(self, skipped: bool) -> None:

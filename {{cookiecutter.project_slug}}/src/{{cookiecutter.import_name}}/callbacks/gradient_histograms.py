@@ -17,7 +17,10 @@ from .tensorboard import tensorboard_writers
 
 
 class GradientHistograms(L.Callback):
-    """Log ``weights/<name>`` and ``gradients/<name>`` histograms and ``grad_norm/*`` scalars."""
+    """Log weight and gradient histograms (``weights/``, ``weights_grad/``), gradient norms and non-finite counts.
+
+    The tags start with ``weights`` so that TensorBoard lists these diagnostics after ``train/`` and ``val/``.
+    """
 
     def __init__(
         self, every_n_steps: int = 200, log_weights: bool = True, log_norms: bool = True, bins: int = 64
@@ -57,16 +60,16 @@ class GradientHistograms(L.Callback):
             nonfinite = int((~finite).sum())
             nonfinite_total += nonfinite
             if nonfinite:
-                scalars[f"grad_nonfinite/{name}"] = float(nonfinite)
+                scalars[f"weights_grad_nonfinite/{name}"] = float(nonfinite)
             finite_grad = grad[finite]
             if self.log_norms:
                 norm = torch.linalg.vector_norm(finite_grad)
                 squared_norms.append(norm.square())
-                scalars[f"grad_norm/{name}"] = float(norm)
-            self._histogram(writers, f"gradients/{name}", finite_grad, step)
+                scalars[f"weights_grad_norm/{name}"] = float(norm)
+            self._histogram(writers, f"weights_grad/{name}", finite_grad, step)
         if self.log_norms and squared_norms:
-            scalars["grad_norm/total"] = float(torch.stack(squared_norms).sum().sqrt())
-        scalars["grad_nonfinite/total"] = float(nonfinite_total)
+            scalars["weights_grad_norm/total"] = float(torch.stack(squared_norms).sum().sqrt())
+        scalars["weights_grad_nonfinite/total"] = float(nonfinite_total)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
 

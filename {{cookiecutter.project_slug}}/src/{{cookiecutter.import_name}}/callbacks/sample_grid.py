@@ -11,7 +11,7 @@ from .tensorboard import tensorboard_writers
 
 
 class SampleGrid(L.Callback):
-    """Log ``samples/train_augmented`` once, when fitting starts, after the device-side augmentation.
+    """Log ``train/augmented_batch`` once, when fitting starts, after the device-side augmentation.
 
     Batches are uint8 pixels until the model's first layer, so the grid shows exactly the
     augmented images, with no normalization to undo.
@@ -37,4 +37,4 @@ class SampleGrid(L.Callback):
         images = batch[0][: self.num_images].detach().cpu()
         grid = make_grid(images, nrow=self.images_per_row, padding=2)
         for writer in tensorboard_writers(trainer, self, "sample grids"):
-            writer.add_image("samples/train_augmented", grid, trainer.global_step)
+            writer.add_image("train/augmented_batch", grid, trainer.global_step)

@@ -1,4 +1,4 @@
-"""Find the TensorBoard writers among the trainer's loggers, warning once when there are none."""
+"""Find the TensorBoard writers among the trainer's loggers, and the step that lines up with Lightning's own."""
 
 from __future__ import annotations
 
@@ -16,3 +16,12 @@ def tensorboard_writers(trainer: L.Trainer, owner: object, what: str) -> list[Su
         rank_zero_warn(f"{type(owner).__name__}: no TensorBoardLogger attached, so {what} are not logged.")
         owner._warned_no_tensorboard = True
     return writers
+
+
+def metrics_step(trainer: L.Trainer) -> int:
+    """The step Lightning logs epoch-level metrics (``val/*``) at, so that figures and extra scalars line up.
+
+    Lightning logs them at its count of optimizer steps taken before the current one, which is
+    one less than ``trainer.global_step`` during training.
+    """
+    return trainer.fit_loop.epoch_loop._batches_that_stepped

@@ -236,7 +236,9 @@ class ImageClassifier(L.LightningModule):
             self.hparams.lr_start_factor,
             self.hparams.lr_end_factor,
         )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        # "name" is LearningRateMonitor's tag: train/lr (train/lr/pg1, ... with several parameter groups).
+        schedule = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # A run that reaches max_steps inside an epoch would end without validating its final weights
