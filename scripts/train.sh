@@ -17,7 +17,7 @@ python="$build/.venv/bin/python"
 # Re-rendering over an earlier render keeps its data/ and runs/ (they are not template files).
 "$python" -m cookiecutter --no-input --overwrite-if-exists -o "$build" "$template"
 project="$build/cifar-classifier"
-"$python" -m pip install -q -e "$project"
+"$python" -m pip install -q -c "$project/constraints.txt" -e "$project"  # the locked versions, as its README installs
 cd "$project"
 data_dir="${DATA_DIR:-$project/data}"
 exec "$python" main.py fit --config configs/cifar10.yaml --data.data_dir "$data_dir" "$@"

@@ -30,6 +30,7 @@ COMMON_FILES = {
     ".pre-commit-config.yaml",
     "CONTRIBUTING.md",
     "constraints.txt",
+    "constraints-cpu.txt",
     "README.md",
     "pyproject.toml",
     "main.py",
@@ -39,6 +40,7 @@ COMMON_FILES = {
     "configs/presets/ddp.yaml",
     "configs/presets/debug.yaml",
     "configs/presets/fast_dev_run.yaml",
+    "scripts/lock.sh",
     "scripts/slurm.sbatch",
     "scripts/tensorboard_screenshots.py",
     "benchmarks/bench_data.py",
@@ -151,7 +153,7 @@ def test_names_are_derived_and_overridable(bake):
     assert derived.name == "deep-birds-2" and (derived / "src" / "deep_birds_2" / "cli.py").is_file()
     chosen = bake(output="other", project_name="Deep Birds 2", project_slug="birds", import_name="aves")
     assert chosen.name == "birds" and (chosen / "src" / "aves" / "cli.py").is_file()
-    assert "from aves.cli import TrainerCLI" in (chosen / "main.py").read_text()
+    assert "from aves.cli import main" in (chosen / "main.py").read_text()
     pyproject = (chosen / "pyproject.toml").read_text()
     assert 'name = "birds"' in pyproject
 
@@ -203,8 +205,8 @@ def test_constraints_pin_every_dependency(bake):
     pinned = {}
     for line in (project / "constraints.txt").read_text().splitlines():
         if line and not line.startswith("#"):
-            name, version = line.split("==")
-            pinned[name.lower().replace("_", "-")] = version
+            requirement = Requirement(line)  # name==version, with an environment marker where versions differ
+            pinned[requirement.name.lower().replace("_", "-")] = str(requirement.specifier).removeprefix("==")
     meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     for requirement in [*meta["dependencies"], *meta["optional-dependencies"]["dev"]]:
         name = re.split(r"[<>=!\[ ;]", requirement, maxsplit=1)[0].lower().replace("_", "-")

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Refresh the two lock files from pyproject.toml, for every Python the project supports (3.10 and
+# newer) on Linux, macOS and Windows, in one resolution (uv's universal mode; plain pip reads it):
+#   constraints.txt      torch's default wheels (on Linux: the CUDA build and its nvidia-* packages)
+#   constraints-cpu.txt  the same pins, with torch's CPU build on Linux and no CUDA package at all
+# Extra arguments go to uv, e.g. `scripts/lock.sh --upgrade-package lightning`, or
+# `scripts/lock.sh -c pins.txt` with a file holding `torch==2.14.1` to hold torch back.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v uv >/dev/null || { echo "error: uv is not installed; pip install uv" >&2; exit 2; }
+
+uv pip compile pyproject.toml --extra dev --universal --python-version 3.10 \
+    --no-annotate --no-header --quiet "$@" --output-file constraints.txt.new
+{
+    echo "# Exact versions of every dependency, for Python >= 3.10 on Linux, macOS and Windows (scripts/lock.sh)."
+    echo "# Install: pip install -c constraints.txt -e \".[dev]\"   (on Linux this is torch's CUDA build)"
+    cat constraints.txt.new
+} > constraints.txt
+
+torch=$(grep -E '^torch==' constraints.txt.new | cut -d' ' -f1 | cut -d= -f3)
+torchvision=$(grep -E '^torchvision==' constraints.txt.new | cut -d' ' -f1 | cut -d= -f3)
+{
+    echo "# constraints.txt without CUDA: torch's CPU build on Linux (from PyTorch's CPU index), no nvidia-* package."
+    echo "# Install: pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints-cpu.txt -e \".[dev]\""
+    grep -vE '^(nvidia-|cuda-|triton==|torch==|torchvision==)' constraints.txt.new
+    echo "torch==${torch}+cpu ; sys_platform == 'linux'"
+    echo "torch==${torch} ; sys_platform != 'linux'"
+    echo "torchvision==${torchvision}+cpu ; sys_platform == 'linux'"
+    echo "torchvision==${torchvision} ; sys_platform != 'linux'"
+} > constraints-cpu.txt
+rm constraints.txt.new
+echo "wrote constraints.txt and constraints-cpu.txt"
