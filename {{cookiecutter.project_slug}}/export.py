@@ -9,9 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from {{ cookiecutter.import_name }}.export.flops import model_cost
 from {{ cookiecutter.import_name }}.export.model_card import build_card, write_card
 from {{ cookiecutter.import_name }}.export.onnx_export import ExportError, export_onnx, load_model, verify
+from {{ cookiecutter.import_name }}.model_cost import model_cost
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import warnings
+from typing import get_args
 
 import onnx
 import onnxruntime
@@ -14,8 +15,9 @@ import torch
 from torch import nn
 
 from {{ cookiecutter.import_name }}.export import onnx_export
-from {{ cookiecutter.import_name }}.export.flops import model_cost, thop_macs_and_params, torch_flops
+from {{ cookiecutter.import_name }}.model_cost import model_cost, thop_macs_and_params, torch_flops
 from {{ cookiecutter.import_name }}.models import ImageClassifier
+from {{ cookiecutter.import_name }}.models.backbones import BackboneName
 
 from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, run_cli, write_tiny_archive
 
@@ -119,9 +121,10 @@ def test_an_exporter_failure_is_reported_and_leaves_nothing(checkpoint, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("backbone", ["fastcnn", "resnet18"])
+@pytest.mark.parametrize("backbone", get_args(BackboneName))
 def test_thop_agrees_with_the_torch_flop_counter_and_leaves_the_model_alone(backbone):
-    model = ImageClassifier(num_classes=10, backbone=backbone, width=16 if backbone == "fastcnn" else 64)
+    # airbench's whitening and identity-initialized layers are Conv2d subclasses that thop must count too.
+    model = ImageClassifier(num_classes=10, backbone=backbone, width=16 if backbone in ("fastcnn", "airbench") else 64)
     keys = set(model.state_dict())
     macs, params = thop_macs_and_params(model.network())
     flops = torch_flops(model.network())
@@ -134,7 +137,7 @@ def test_thop_agrees_with_the_torch_flop_counter_and_leaves_the_model_alone(back
 
 
 def test_thop_would_pollute_a_model_it_profiles_directly():
-    """Why flops.py profiles a copy: thop leaves counting buffers on the modules it visits."""
+    """Why model_cost.py profiles a copy: thop leaves counting buffers on the modules it visits."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import thop

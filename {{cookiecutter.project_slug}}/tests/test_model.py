@@ -84,6 +84,31 @@ def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_triangle_schedule
     assert factor(10) == pytest.approx(0.2 + 0.8 * 10 / 25) and factor(60) == pytest.approx(1 - 0.93 * 35 / 75)
 
 
+@pytest.mark.parametrize(
+    ("fn", "step", "epoch", "tta_validations", "views"),
+    [
+        ("fit", 3, 0, "final", "none"),  # an epoch's validation: one view, cheap
+        ("fit", 10, 1, "final", "flip_translate"),  # the last one (max_steps reached): all views
+        ("fit", 8, 2, "final", "flip_translate"),  # the last epoch
+        ("fit", 3, 0, "every", "flip_translate"),
+        ("test", 3, 0, "final", "flip_translate"),  # evaluation commands: always all views
+    ],
+)
+def test_test_time_views_are_spent_where_they_count(fn, step, epoch, tta_validations, views):
+    model = ImageClassifier(
+        num_classes=10, width=4, test_time_augmentation="flip_translate", tta_validations=tta_validations
+    )
+    model._trainer = SimpleNamespace(
+        state=SimpleNamespace(fn=fn), max_steps=10, global_step=step, max_epochs=3, current_epoch=epoch
+    )
+    assert model._evaluation_views() == views
+
+
+def test_whitening_bias_starts_at_zero_as_in_airbench():
+    model = ImageClassifier(num_classes=10, backbone="airbench", width=4)
+    assert torch.count_nonzero(model.backbone[0].bias) == 0
+
+
 def test_whitening_bias_trains_only_for_its_first_epochs():
     model = ImageClassifier(num_classes=10, backbone="airbench", width=4, whitening_bias_epochs=2)
     bias = model.backbone[0].bias

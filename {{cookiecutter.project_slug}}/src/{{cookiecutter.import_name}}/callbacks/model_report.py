@@ -8,7 +8,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.tensorboard.summary import hparams
 
-from ..export.flops import model_cost
+from ..model_cost import model_cost
 from .tensorboard import tensorboard_writers
 
 # The scalars the HPARAMS tab shows beside each run's settings (their latest values).

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..model_cost import ModelCost
 from ..models import ImageClassifier
-from .flops import ModelCost
 from .onnx_export import INPUT_NAME, OUTPUT_NAME, Parity
 
 

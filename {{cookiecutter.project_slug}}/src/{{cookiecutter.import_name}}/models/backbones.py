@@ -62,6 +62,10 @@ class PatchWhitening(nn.Conv2d):
         self.eps = eps
         self.weight.requires_grad_(False)
 
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.zeros_(self.bias)  # airbench starts the (trainable) bias at zero, not PyTorch's uniform draw
+
     @torch.no_grad()
     def fit(self, images: Tensor, chunk_size: int = 500) -> None:
         """Set the filters from normalized float images (N, C, H, W); float64 on the CPU, so every process agrees."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import lightning as L
 import torch
@@ -17,6 +17,7 @@ from .backbones import BackboneName, PatchWhitening, build_backbone
 from .schedules import Replanned, ScheduleName, build_schedule
 
 TestTimeAugmentation = Literal["none", "flip", "flip_translate"]
+ValidationViews = Literal["final", "every"]
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
@@ -55,6 +56,7 @@ class ImageClassifier(L.LightningModule):
         lr_end_factor: float = 0.07,
         norm_bias_lr_scale: float = 1.0,
         test_time_augmentation: TestTimeAugmentation = "none",
+        tta_validations: ValidationViews = "final",
         whitening_images: int = 5000,
         whitening_bias_epochs: int = 3,
         channels_last: bool = False,
@@ -83,6 +85,8 @@ class ImageClassifier(L.LightningModule):
                 by it, so the decay per step is unchanged (airbench uses 64).
             test_time_augmentation: Views averaged at validation/test/predict: none, flip (and its mirror),
                 or flip_translate (also two 1-pixel shifts, six views in all).
+            tta_validations: Which validations during fit average those views: final (the last one; the
+                others see one view, which is cheaper) or every one. validate/test/predict always do.
             whitening_images: Training images the airbench backbone's whitening layer is fitted to at fit start.
             whitening_bias_epochs: Epochs during which the airbench whitening layer's bias trains.
             channels_last: Keep activations and weights in NHWC memory order (faster convolutions on GPUs).
@@ -98,10 +102,12 @@ class ImageClassifier(L.LightningModule):
             raise ValueError(f"model.norm_bias_lr_scale must be positive, got {norm_bias_lr_scale}")
         if whitening_images < 1:
             raise ValueError(f"model.whitening_images must be a positive integer, got {whitening_images}")
-        if test_time_augmentation not in ("none", "flip", "flip_translate"):
-            raise ValueError(
-                f"model.test_time_augmentation must be none, flip or flip_translate, got {test_time_augmentation!r}"
-            )
+        for name, value, allowed in (
+            ("test_time_augmentation", test_time_augmentation, TestTimeAugmentation),
+            ("tta_validations", tta_validations, ValidationViews),
+        ):
+            if value not in get_args(allowed):
+                raise ValueError(f"model.{name} must be one of {', '.join(get_args(allowed))}, got {value!r}")
         self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
         if len(self.class_names) != num_classes:
             raise ValueError(f"{len(self.class_names)} class names given for {num_classes} classes")
@@ -131,18 +137,28 @@ class ImageClassifier(L.LightningModule):
         """Logits for a batch of uint8 images of shape (N, 3, 32, 32)."""
         return self._backbone(self._normalized(images))
 
-    def evaluate(self, images: Tensor) -> Tensor:
-        """Logits averaged over the test-time views (airbench's TTA); plain logits with none."""
+    def evaluate(self, images: Tensor, views: TestTimeAugmentation | None = None) -> Tensor:
+        """Logits averaged over the test-time ``views`` (airbench's TTA; default: the configured ones)."""
+        views = views or self.hparams.test_time_augmentation
         x = self._normalized(images)
-        if self.hparams.test_time_augmentation == "none":
+        if views == "none":
             return self._backbone(x)
         logits = self._with_mirror(x)
-        if self.hparams.test_time_augmentation == "flip_translate":
+        if views == "flip_translate":
             height, width = x.shape[-2:]
             padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
             shifted = (padded[..., :height, :width], padded[..., 2:, 2:])
             logits = 0.5 * logits + 0.5 * torch.stack([self._with_mirror(view) for view in shifted]).mean(0)
         return logits
+
+    def _evaluation_views(self) -> TestTimeAugmentation:
+        """The configured views, except at a validation during fit that is not the last (with "final")."""
+        trainer = self.trainer
+        if self.hparams.tta_validations == "every" or trainer.state.fn != "fit":
+            return self.hparams.test_time_augmentation
+        last_step = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+        last_epoch = trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs - 1
+        return self.hparams.test_time_augmentation if last_step or last_epoch else "none"
 
     def _with_mirror(self, x: Tensor) -> Tensor:
         return 0.5 * self._backbone(x) + 0.5 * self._backbone(x.flip(-1))
@@ -194,7 +210,7 @@ class ImageClassifier(L.LightningModule):
         self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str
     ) -> tuple[Tensor, Tensor]:
         images, labels = batch
-        logits = self(images) if stage == "train" else self.evaluate(images)
+        logits = self(images) if stage == "train" else self.evaluate(images, self._evaluation_views())
         loss = self.criterion(logits, labels)
         metrics.update(logits, labels)
         on_step = stage == "train"
