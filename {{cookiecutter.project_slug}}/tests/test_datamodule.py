@@ -96,7 +96,8 @@ def test_global_batch_size_is_split_over_devices_or_refused(data_dir):
     dm.trainer = two_devices
     dm.prepare_data()
     dm.setup("fit")
-    assert dm.batch_size == 16
+    assert dm.device_batch_size == 16 and dm.batch_size == 512  # derived per device; the setting stays as given
+    assert dm.val_dataloader().batch_size == 16  # evaluation follows the global batch, not the default 512
     odd = CifarDataModule(
         data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=33
     )

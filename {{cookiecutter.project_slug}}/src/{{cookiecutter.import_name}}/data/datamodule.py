@@ -57,7 +57,8 @@ class CifarDataModule(L.LightningDataModule):
             batch_size: Training images per batch and per device (the global batch is this times the world size).
             global_batch_size: Training images per optimizer step over all devices; if set, it replaces
                 batch_size, which becomes this divided by the number of devices (it must divide evenly).
-            eval_batch_size: Images per validation/test/predict batch; defaults to ``batch_size``.
+            eval_batch_size: Images per validation/test/predict batch and device; defaults to the training
+                batch per device (``global_batch_size`` divided by the devices, when that is set).
             num_workers: DataLoader worker processes gathering batches from the memory map.
             val_size: Training images held out for validation; 0 validates on the test set instead.
             split_seed: Seed of the fixed train/validation split (independent of the run's seed).
@@ -95,7 +96,10 @@ class CifarDataModule(L.LightningDataModule):
         self.data_dir = Path(data_dir)
         self.batch_size = batch_size
         self.global_batch_size = global_batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_batch_size = eval_batch_size
+        # Per device, derived in setup() from the settings above and the world size (the settings stay as given).
+        self.device_batch_size = batch_size
+        self.device_eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.val_size = val_size
         self.split_seed = split_seed
@@ -128,6 +132,7 @@ class CifarDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         if stage == "predict" and self.predict_dir is not None:
+            self._derive_batch_sizes()
             images, self.predict_names = load_image_folder(self.predict_dir)
             self.predict_set = TensorBatches(images)
             self.seed = torch.initial_seed()
@@ -155,6 +160,20 @@ class CifarDataModule(L.LightningDataModule):
         self.val_set = MemmapBatches(train.images, train.labels, held_out) if self.val_size else self.test_set
         self.predict_set = self.test_set
         self.predict_names = [str(index) for index in range(len(self.test_set))]
+        world_size = self._derive_batch_sizes()
+        if stage == "fit" and len(self.train_set) < self.device_batch_size * world_size:
+            knob = "data.global_batch_size" if self.global_batch_size is not None else "data.batch_size"
+            raise DataSettingError(
+                f"a batch of {self.device_batch_size} per device x {world_size} devices is more than the "
+                f"{len(self.train_set)} training images; lower {knob}"
+            )
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        self.seed = torch.initial_seed()  # the run's seed (seed_everything)
+        self.augment.seed(self.seed + rank, image_seed=self.seed)
+        self._place_splits()
+
+    def _derive_batch_sizes(self) -> int:
+        """Set the per-device training and evaluation batches for this world size (returned)."""
         world_size = self.trainer.world_size if self.trainer is not None else 1
         if self.global_batch_size is not None:
             if self.global_batch_size % world_size:
@@ -162,16 +181,11 @@ class CifarDataModule(L.LightningDataModule):
                     f"data.global_batch_size={self.global_batch_size} does not divide over {world_size} devices; "
                     f"use a multiple of {world_size}, or set data.batch_size per device instead"
                 )
-            self.batch_size = self.global_batch_size // world_size
-        if stage == "fit" and len(self.train_set) < self.batch_size * world_size:
-            raise DataSettingError(
-                f"data.batch_size={self.batch_size} per device x {world_size} devices is more than the "
-                f"{len(self.train_set)} training images; lower data.batch_size"
-            )
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        self.seed = torch.initial_seed()  # the run's seed (seed_everything)
-        self.augment.seed(self.seed + rank, image_seed=self.seed)
-        self._place_splits()
+            self.device_batch_size = self.global_batch_size // world_size
+        else:
+            self.device_batch_size = self.batch_size
+        self.device_eval_batch_size = self.eval_batch_size or self.device_batch_size
+        return world_size
 
     def _place_splits(self) -> None:
         """Copy the splits to the accelerator when ``storage`` says so (once: setup runs per stage)."""
@@ -252,16 +266,16 @@ class CifarDataModule(L.LightningDataModule):
         return self.trainer.current_epoch if self.trainer is not None else None
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.batch_size, train=True)
+        return self._loader("train", self.device_batch_size, train=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", self.eval_batch_size, train=False)
+        return self._loader("val", self.device_eval_batch_size, train=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.eval_batch_size, train=False)
+        return self._loader("test", self.device_eval_batch_size, train=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict", self.eval_batch_size, train=False)
+        return self._loader("predict", self.device_eval_batch_size, train=False)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Lightning also routes the model's example input (a bare tensor) through here: leave it be.
