@@ -1,15 +1,16 @@
 from types import SimpleNamespace
+from typing import get_args
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from {{ cookiecutter.import_name }}.models import ImageClassifier
-from {{ cookiecutter.import_name }}.models.backbones import IdentityInitConv, PatchWhitening, build_backbone
+from {{ cookiecutter.import_name }}.models.backbones import BackboneName, IdentityInitConv, PatchWhitening, build_backbone
 from {{ cookiecutter.import_name }}.models.schedules import triangle
 
 
-@pytest.mark.parametrize("name", ["fastcnn", "airbench", "resnet18", "resnet34", "resnet50"])
+@pytest.mark.parametrize("name", get_args(BackboneName))
 def test_every_backbone_maps_images_to_logits(name):
     net = build_backbone(name, num_classes=7, width=8 if name in ("fastcnn", "airbench") else 64)
     assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 7)

@@ -11,7 +11,7 @@ stride-1 stem and no max-pool, so the first stage still sees the full image.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -163,4 +163,4 @@ def build_backbone(name: BackboneName, num_classes: int, width: int = 64) -> nn.
                 f"of {RESNET_WIDTH}; leave model.width at {RESNET_WIDTH} or use model.backbone fastcnn"
             )
         return cifar_resnet(name, num_classes)
-    raise ValueError(f"unknown model.backbone {name!r}; choose one of fastcnn, airbench, {', '.join(RESNETS)}")
+    raise ValueError(f"unknown model.backbone {name!r}; choose one of {', '.join(get_args(BackboneName))}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
@@ -121,4 +121,4 @@ def build_schedule(
         warmup_steps = min(max(warmup_steps, 2), total_steps - 1)
         peak = [group["lr"] for group in optimizer.param_groups]
         return PlannedOneCycleLR(optimizer, max_lr=peak, total_steps=total_steps, pct_start=warmup_steps / total_steps)
-    raise ValueError(f"model.lr_schedule must be one of onecycle, warmup_cosine, triangle, constant; got {name!r}")
+    raise ValueError(f"model.lr_schedule must be one of {', '.join(get_args(ScheduleName))}; got {name!r}")
