@@ -59,6 +59,7 @@ COMMON_FILES = {
     "tests/test_exact_resume.py",
     "tests/test_export.py",
     "tests/test_fast_recipe.py",
+    "tests/test_host_sync.py",
     "tests/test_model.py",
     "tests/test_predict.py",
     "tests/test_reproducibility.py",

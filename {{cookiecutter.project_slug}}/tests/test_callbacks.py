@@ -121,7 +121,7 @@ def test_watchdog_logs_the_scale_of_a_healthy_fp16_run(data_dir, tmp_path):
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty:UserWarning")  # the resume
 @pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch ended")
 def test_watchdog_stops_after_consecutive_overflows_and_the_checkpoint_resumes(data_dir, tmp_path):
-    watchdog = GradScaleWatchdog(max_consecutive_skips=3)
+    watchdog = GradScaleWatchdog(max_consecutive_skips=3, check_every_n_steps=1)
     with pytest.warns(UserWarning, match="stopped training at step 3 after 3 optimizer steps in a row were skipped"):
         trainer = tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
     assert trainer.global_step == 3 and watchdog.skipped_steps == 3
@@ -131,12 +131,20 @@ def test_watchdog_stops_after_consecutive_overflows_and_the_checkpoint_resumes(d
     checkpoint = torch.load(watchdog.stop_checkpoint, weights_only=True)
     assert checkpoint["global_step"] == 3
 
-    resumed = GradScaleWatchdog(max_consecutive_skips=3)
+    resumed = GradScaleWatchdog(max_consecutive_skips=3, check_every_n_steps=1)
     trainer = tiny_fit(
         data_dir, tmp_path, [resumed], max_steps=5, plugins=[fp16_on_cpu(2.0**10)], ckpt_path=watchdog.stop_checkpoint
     )
     # The restored scaler state still overflows: the restored count (3) goes on from there.
     assert trainer.global_step == 5 and resumed.skipped_steps == 5
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # skipped steps
+def test_watchdog_reads_its_counts_only_every_n_steps_and_stops_at_the_next_read(data_dir, tmp_path):
+    watchdog = GradScaleWatchdog(max_consecutive_skips=2, check_every_n_steps=3)
+    with pytest.warns(UserWarning, match="stopped training at step 3 after 2 optimizer steps in a row"):
+        trainer = tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
+    assert trainer.global_step == 3 and watchdog.skipped_steps == 3  # two skips in a row by step 2, read at 3
 
 
 def test_watchdog_without_a_scaler_watches_the_loss(data_dir, tmp_path):
@@ -148,7 +156,7 @@ def test_watchdog_without_a_scaler_watches_the_loss(data_dir, tmp_path):
 
 
 def test_watchdog_stops_a_diverged_fp32_run(data_dir, tmp_path):
-    watchdog = GradScaleWatchdog(max_consecutive_skips=2)
+    watchdog = GradScaleWatchdog(max_consecutive_skips=2, check_every_n_steps=1)
     with pytest.warns(UserWarning, match="optimizer steps in a row were skipped"):
         trainer = tiny_fit(
             data_dir, tmp_path, [watchdog], max_steps=8, optimizer=functools.partial(torch.optim.SGD, lr=1e30)

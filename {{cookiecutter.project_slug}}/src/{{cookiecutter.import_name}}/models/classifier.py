@@ -214,7 +214,9 @@ class ImageClassifier(L.LightningModule):
         loss = self.criterion(logits, labels)
         metrics.update(logits, labels)
         on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=not on_step)
+        # No per-step value in the progress bar: Lightning reads those on the host after every batch,
+        # which would make a GPU wait for each step. The step loss goes to the logger at its cadence.
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=not on_step, sync_dist=not on_step)
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train")
         return loss, logits
 
