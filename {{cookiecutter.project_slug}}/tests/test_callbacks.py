@@ -98,7 +98,10 @@ def test_sample_grid_and_confusion_matrix(data_dir, tmp_path):
     (figure,) = events.Images("val/confusion_matrix")
     (validation,) = events.Scalars("val/top1")
     assert figure.step == validation.step  # beside the scalars of the same validation
-    assert figure.width == 400  # shown unscaled at TensorBoard's default size
+    if trainer.datamodule.num_classes <= 20:
+        assert figure.width == 400  # shown unscaled at TensorBoard's default size, names and values legible
+    else:
+        assert 400 < figure.width <= 1600  # a hundred names need more room
     per_class = [tag for tag in events.Tags()["scalars"] if tag.startswith("val_class_top1/")]
     assert len(per_class) == trainer.datamodule.num_classes
     assert {events.Scalars(tag)[0].step for tag in per_class} == {validation.step}

@@ -96,9 +96,8 @@ def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_triangle_schedule
     ],
 )
 def test_test_time_views_are_spent_where_they_count(fn, step, epoch, tta_validations, views):
-    model = ImageClassifier(
-        num_classes=10, width=4, test_time_augmentation="flip_translate", tta_validations=tta_validations
-    )
+    views_at = {"test_time_augmentation": "flip_translate", "tta_validations": tta_validations}
+    model = ImageClassifier(num_classes=10, backbone="fastcnn", width=4, **views_at)
     model._trainer = SimpleNamespace(
         state=SimpleNamespace(fn=fn), max_steps=10, global_step=step, max_epochs=3, current_epoch=epoch
     )

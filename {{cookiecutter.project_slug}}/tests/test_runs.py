@@ -28,6 +28,7 @@ from .conftest import (
 )
 
 pytestmark = [
+    pytest.mark.slow,  # some forty real training and refused processes, the same for every answer
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning"),
 ]
 
@@ -174,7 +175,6 @@ EXTENSIONS = [
 ]
 
 
-@pytest.mark.slow  # three training processes per case
 @pytest.mark.parametrize(("schedule", "stack"), EXTENSIONS)
 def test_an_extended_run_continues_on_the_schedule_of_the_longer_run(tmp_path, schedule, stack):
     stack = [str(PROJECT_ROOT / part) if part.startswith("configs/") else part for part in stack]
@@ -206,7 +206,6 @@ def test_an_extended_run_continues_on_the_schedule_of_the_longer_run(tmp_path, s
             assert extended[tag][step] == pytest.approx(by_step[step], rel=1e-6), (tag, step)
 
 
-@pytest.mark.slow  # four training processes
 def test_the_fast_recipe_extends_and_validates_the_weights_it_ends_with(tmp_path):
     write_tiny_archive(tmp_path / "data", CIFAR10)
     fast = [part if not part.startswith("configs/") else str(PROJECT_ROOT / part) for part in FAST]
@@ -229,7 +228,6 @@ def test_the_fast_recipe_extends_and_validates_the_weights_it_ends_with(tmp_path
     assert "Validate of" in validated.stdout
 
 
-@pytest.mark.slow  # four training processes
 def test_ctrl_c_resume_extend_as_a_user_types_them(tmp_path):
     write_tiny_archive(tmp_path / "data")
     probe = "--trainer.callbacks+=tests.probes.KillAt"
