@@ -6,7 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from {{ cookiecutter.import_name }}.models import ImageClassifier
-from {{ cookiecutter.import_name }}.models.backbones import BackboneName, IdentityInitConv, PatchWhitening, build_backbone
+from {{ cookiecutter.import_name }}.models.backbones import (
+    BackboneName,
+    IdentityInitConv,
+    PatchWhitening,
+    build_backbone,
+)
 from {{ cookiecutter.import_name }}.models.schedules import triangle
 
 
