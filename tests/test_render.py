@@ -98,6 +98,7 @@ PACKAGE_FILES = {
     "data/datamodule.py",
     "data/dataset.py",
     "data/image_folder.py",
+    "data/interfaces.py",
     "data/loader.py",
     "models/__init__.py",
     "models/backbones.py",

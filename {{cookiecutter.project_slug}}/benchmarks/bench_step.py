@@ -47,7 +47,7 @@ class AugmentedImages(L.LightningDataModule):
         return DataLoader(TensorDataset(self.images, self.labels), batch_size=self.batch_size, drop_last=True)
 
     def train_images(self, count: int) -> torch.Tensor:
-        """What the airbench backbone fits its whitening layer to."""
+        """What the airbench backbone fits its whitening layer to (data.interfaces.TrainingImages)."""
         return self.images[:count]
 
     def on_after_batch_transfer(self, batch, dataloader_idx):

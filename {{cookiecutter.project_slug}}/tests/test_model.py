@@ -1,10 +1,12 @@
 from types import SimpleNamespace
 from typing import get_args
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
 
+from {{ cookiecutter.import_name }}.data import CifarDataModule, TrainingImages
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import (
     BackboneName,
@@ -155,3 +157,12 @@ def test_a_training_step_learns():
 def test_class_names_must_match_num_classes():
     with pytest.raises(ValueError, match="3 class names given for 10 classes"):
         ImageClassifier(num_classes=10, class_names=["a", "b", "c"])
+
+
+def test_data_fitted_layers_ask_for_training_images_by_a_named_interface():
+    assert isinstance(CifarDataModule(), TrainingImages)
+    assert not isinstance(L.LightningDataModule(), TrainingImages)
+    model = ImageClassifier(num_classes=10, backbone="airbench", width=4)
+    model._trainer = SimpleNamespace(datamodule=L.LightningDataModule())
+    with pytest.raises(ValueError, match="TrainingImages"):
+        model._fit_whitening()

@@ -1,5 +1,6 @@
 """The data path: archive → memory-mapped arrays → uint8 batches → augmentation on the device."""
 
 from .datamodule import CifarDataModule
+from .interfaces import TrainingImages
 
-__all__ = ["CifarDataModule"]
+__all__ = ["CifarDataModule", "TrainingImages"]

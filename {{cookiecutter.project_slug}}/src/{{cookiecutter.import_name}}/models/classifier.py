@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from ..data.interfaces import TrainingImages
 from .backbones import BackboneName, PatchWhitening, build_backbone
 from .schedules import Replanned, ScheduleName, build_schedule
 
@@ -187,10 +188,10 @@ class ImageClassifier(L.LightningModule):
         if not self.whitening_layers:
             return
         datamodule = self.trainer.datamodule
-        if not hasattr(datamodule, "train_images"):
+        if not isinstance(datamodule, TrainingImages):
             raise ValueError(
                 "the airbench backbone fits its whitening layer to training images and needs a DataModule "
-                "with train_images(count), such as CifarDataModule"
+                "offering them (data.interfaces.TrainingImages: train_images(count)), such as CifarDataModule"
             )
         images = self.normalize(datamodule.train_images(self.hparams.whitening_images).to(self.device))
         for layer in self.whitening_layers:
