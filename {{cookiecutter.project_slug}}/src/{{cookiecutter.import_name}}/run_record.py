@@ -38,7 +38,7 @@ class RunRecord(SaveConfigCallback):
     @property
     def trained(self) -> bool:
         """Whether this session has taken an optimizer step."""
-        return self.first_step is not None and self.steps_taken > 0
+        return self.steps_taken > 0
 
     @property
     def elapsed(self) -> float:

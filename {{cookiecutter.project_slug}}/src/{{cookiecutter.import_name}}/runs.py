@@ -18,7 +18,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,8 +148,6 @@ class Run:
     identity: RunIdentity
     directory: Path
     checkpoint: Path | str | None = None
-    resumed_run: Path | None = None
-    changes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def plan(
@@ -167,8 +165,7 @@ class Run:
         if subcommand != "fit":
             # Evaluating a run's checkpoint logs inside that run: <run>/<subcommand>/<hash>/.
             directory = checkpoint_run / subcommand / identity.short if checkpoint_run else own
-            return cls(subcommand, identity, directory, checkpoint, checkpoint_run)
-        changes = {}
+            return cls(subcommand, identity, directory, checkpoint)
         if isinstance(checkpoint, Path) and stored.get("config_hash") not in (None, identity.hash):
             changes = identity.changes_from(stored.get("config", "{}"))
             source = checkpoint_run or checkpoint
@@ -192,7 +189,7 @@ class Run:
                     "resume it with --ckpt_path last, or delete that folder to train it again from scratch"
                 )
         directory = checkpoint_run if checkpoint_run is not None else own
-        return cls(subcommand, identity, directory, checkpoint, checkpoint_run, changes)
+        return cls(subcommand, identity, directory, checkpoint)
 
     def place(self, trainer: Namespace) -> None:
         """Point the logger (or, without one, the root dir) at this run's directory."""
@@ -214,14 +211,14 @@ class Run:
         ``hparams.yaml``) get their old bytes back. Checkpoints are never rewritten before the
         first step (see ``RunRecord.on_exception``), so they need no restoring.
         """
-        newest_missing = next((p for p in reversed([self.directory, *self.directory.parents]) if not p.exists()), None)
-        before = _snapshot(self.directory) if newest_missing is None else {}
+        topmost_missing = next((p for p in reversed([self.directory, *self.directory.parents]) if not p.exists()), None)
+        before = _snapshot(self.directory) if topmost_missing is None else {}
         try:
             yield
         except BaseException:
             if not keep():
-                if newest_missing is not None:
-                    shutil.rmtree(newest_missing, ignore_errors=True)
+                if topmost_missing is not None:
+                    shutil.rmtree(topmost_missing, ignore_errors=True)
                 else:
                     _restore(self.directory, before)
             raise
