@@ -72,7 +72,7 @@ def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
         f"--data.data_dir={data_dir}", "--data.verify_checksum=false", "--data.val_size=32",
         "--data.batch_size=32", "--data.num_workers=0", "--trainer.accelerator=cpu",
         "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1",
-        *(["--model.width=8"] if "fastcnn" in config.read_text() else []),
+        *(["--model.backbone.width=8"] if "FastCNN" in config.read_text() else []),
         cwd=tmp_path,
     )  # fmt: skip
     assert "`Trainer.fit` stopped: `max_epochs=1` reached." in fit.stderr + fit.stdout

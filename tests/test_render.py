@@ -88,6 +88,7 @@ PACKAGE_FILES = {
     "callbacks/sample_grid.py",
     "callbacks/tensorboard.py",
     "callbacks/throughput.py",
+    "callbacks/whitening.py",
     "export/__init__.py",
     "export/model_card.py",
     "export/onnx_export.py",
@@ -104,6 +105,7 @@ PACKAGE_FILES = {
     "models/backbones.py",
     "models/classifier.py",
     "models/schedules.py",
+    "models/test_time.py",
 }
 
 # Every non-default value of every choice, alone and together (all combinations are valid).
@@ -146,7 +148,10 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
 
     config = yaml.safe_load((project / "configs" / f"{dataset}.yaml").read_text())
     assert config["data"]["dataset"] == dataset
-    assert config["model"]["backbone"] == answers.get("backbone", "fastcnn")
+    networks = {"fastcnn": ("FastCNN", {"width": 64}), "resnet18": ("CifarResNet", {"depth": 18})}
+    network, settings = networks[answers.get("backbone", "fastcnn")]
+    expected = {"class_path": f"cifar_classifier.models.backbones.{network}", "init_args": settings}
+    assert config["model"]["backbone"] == expected
     assert config["trainer"]["logger"]["init_args"]["name"] == dataset
 
 

@@ -8,11 +8,16 @@ TensorBoard logger. Measured interleaved (A, B, A, B) so machine noise hits both
 is one JSON object with the figures.
 
     python benchmarks/bench_step.py [--config configs/cifar10_fast.yaml] [--device cpu|cuda] [--quick]
+
+The network and callbacks are built by the project's CLI from the config stacked on the default
+one, exactly as ``main.py fit`` would; the optimizer is replaced by a plain SGD at a constant
+learning rate (random labels), the same on both sides.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import tempfile
@@ -22,17 +27,21 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import yaml
-from lightning.pytorch.cli import instantiate_class
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data.augment import BatchAugment
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 from {{ cookiecutter.import_name }}.models import ImageClassifier
+from {{ cookiecutter.import_name }}.models.backbones import PatchWhitening
 
+WHITENING_IMAGES = 500
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"
-# What shapes the network and its step cost; the rest of the config's model section is the recipe.
-NETWORK_KEYS = ("backbone", "width", "label_smoothing", "channels_last", "compile", "compile_mode", "compile_backend")
+PLAIN_SGD = {
+    "class_path": "torch.optim.SGD",
+    "init_args": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.0, "dampening": 0.0},
+}
 
 
 class AugmentedImages(L.LightningDataModule):
@@ -47,7 +56,7 @@ class AugmentedImages(L.LightningDataModule):
         return DataLoader(TensorDataset(self.images, self.labels), batch_size=self.batch_size, drop_last=True)
 
     def train_images(self, count: int) -> torch.Tensor:
-        """What the airbench backbone fits its whitening layer to (data.interfaces.TrainingImages)."""
+        """What WhiteningFit fits a whitening layer to (data.interfaces.TrainingImages)."""
         return self.images[:count]
 
     def on_after_batch_transfer(self, batch, dataloader_idx):
@@ -56,30 +65,39 @@ class AugmentedImages(L.LightningDataModule):
         return self.augment(batch[0]), batch[1]
 
 
-def make_model(args: argparse.Namespace) -> ImageClassifier:
-    """The config's network and its switches (channels_last, ...); a plain SGD, a constant learning rate."""
-    torch.manual_seed(0)
-    model_args = {key: value for key, value in args.config_data["model"].items() if key in NETWORK_KEYS}
-    model_args.update({key: getattr(args, key) for key in ("backbone", "width") if getattr(args, key) is not None})
-    optimizer = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True)  # noqa: E731
-    return ImageClassifier(num_classes=10, **model_args, optimizer=optimizer, lr_schedule="constant")
+class Recipe:
+    """The config's model and callbacks as ``main.py fit`` builds them (checkpointing aside: no files are written)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        overrides = [
+            f"--model.optimizer={json.dumps(PLAIN_SGD)}",
+            "--model.lr_schedule={{ cookiecutter.import_name }}.models.schedules.Constant",
+            *([f"--model.backbone.width={args.width}"] if args.width else []),
+        ]
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cli = TrainerCLI(default_config=DEFAULT_CONFIG, run=False, args=["--config", str(args.config), *overrides])
+        self.model: ImageClassifier = cli.model
+        self.precision = str(cli.config.trainer.precision)
+        # The config's callbacks come first in the trainer's list (Lightning appends its own after them).
+        configured = cli.config_init.trainer.callbacks[: len(cli.config.trainer.callbacks)]
+        self.callbacks = [callback for callback in configured if not isinstance(callback, ModelCheckpoint)]
+
+    def fresh(self) -> tuple[ImageClassifier, list[L.Callback]]:
+        """The same freshly initialized model (and unused callbacks) for every round."""
+        return copy.deepcopy(self.model), copy.deepcopy(self.callbacks)
 
 
-def config_callbacks(args: argparse.Namespace) -> list[L.Callback]:
-    """The callbacks of the config, built from it (checkpointing aside: no files are written)."""
-    entries = args.config_data["trainer"]["callbacks"]
-    return [instantiate_class((), entry) for entry in entries if not entry["class_path"].endswith("ModelCheckpoint")]
-
-
-def lightning_rate(args, images, labels, steps: int) -> float:
-    model = make_model(args)
+def lightning_rate(args, recipe: Recipe, images, labels, steps: int) -> float:
+    model, callbacks = recipe.fresh()
     data = AugmentedImages(images, labels, args.batch_size)
     timer = StepTimer(args.warmup)
     with tempfile.TemporaryDirectory() as logs, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = L.Trainer(
             accelerator=args.device, devices=1, precision=args.precision, max_steps=args.warmup + steps,
-            logger=L.pytorch.loggers.TensorBoardLogger(logs), callbacks=[*config_callbacks(args), timer],
+            logger=L.pytorch.loggers.TensorBoardLogger(logs), callbacks=[*callbacks, timer],
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             num_sanity_val_steps=0, limit_val_batches=0,
         )  # fmt: skip
@@ -111,9 +129,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def plain_rate(args, images, labels, steps: int) -> float:
+def plain_rate(args, recipe: Recipe, images, labels, steps: int) -> float:
     device = torch.device(args.device)
-    model = make_model(args).to(device)
+    model = recipe.fresh()[0]
+    for layer in model.modules():  # the data-fitted start that WhiteningFit makes at fit start
+        if isinstance(layer, PatchWhitening):
+            layer.fit(model.normalize(images[:WHITENING_IMAGES]))
+    model = model.to(device)
     model.configure_model()  # torch.compile, when the config asks for it
     optimizer = model.optimizer_factory(model.parameters())
     augment = BatchAugment()
@@ -145,7 +167,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="network, callbacks and precision")
-    parser.add_argument("--backbone", default=None, help="overrides the config's")
     parser.add_argument("--width", type=int, default=None, help="overrides the config's")
     parser.add_argument("--batch_size", type=int, default=256)
     parser.add_argument("--precision", default=None, help="default: the config's on a GPU, 32-true on a CPU")
@@ -154,11 +175,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a tiny network and few steps (smoke test)")
     args = parser.parse_args()
-    args.config_data = yaml.safe_load(args.config.read_text())
-    if args.precision is None:
-        args.precision = args.config_data["trainer"]["precision"] if args.device.startswith("cuda") else "32-true"
     if args.quick:
         args.width, args.batch_size, args.warmup, args.steps, args.rounds = 8, 32, 1, 3, 1
+    recipe = Recipe(args)
+    if args.precision is None:
+        args.precision = recipe.precision if args.device.startswith("cuda") else "32-true"
     generator = torch.Generator().manual_seed(0)
     count = args.batch_size * 8
     images = torch.randint(0, 256, (count, 3, 32, 32), dtype=torch.uint8, generator=generator)
@@ -166,8 +187,8 @@ def main() -> None:
 
     lightning, plain = [], []
     for _ in range(args.rounds):
-        lightning.append(lightning_rate(args, images, labels, args.steps))
-        plain.append(plain_rate(args, images, labels, args.steps))
+        lightning.append(lightning_rate(args, recipe, images, labels, args.steps))
+        plain.append(plain_rate(args, recipe, images, labels, args.steps))
     result = {"lightning_images_per_s": statistics.median(lightning), "plain_images_per_s": statistics.median(plain)}
     result["lightning_vs_plain"] = result["lightning_images_per_s"] / result["plain_images_per_s"]
     print(f"{'loop':<24}{'images/s':>12}")

@@ -21,6 +21,7 @@ from {{ cookiecutter.import_name }}.callbacks import (
 )
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.models import ImageClassifier
+from {{ cookiecutter.import_name }}.models.backbones import FastCNN
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning")
 
@@ -35,7 +36,10 @@ def tiny_fit(data_dir, tmp_path, callbacks, max_steps=4, optimizer=None, ckpt_pa
     """A real in-process fit of a tiny model; returns the trainer."""
     data = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, batch_size=16, val_size=32)
     model = ImageClassifier(
-        num_classes=data.num_classes, class_names=data.class_names, backbone="fastcnn", width=4, optimizer=optimizer
+        num_classes=data.num_classes,
+        class_names=data.class_names,
+        backbone=functools.partial(FastCNN, width=4),
+        optimizer=optimizer,
     )
     trainer_kwargs.setdefault("logger", TensorBoardLogger(tmp_path, name="tb", version=0))
     trainer = L.Trainer(
@@ -51,7 +55,8 @@ def tiny_fit(data_dir, tmp_path, callbacks, max_steps=4, optimizer=None, ckpt_pa
         callbacks=callbacks,
         **trainer_kwargs,
     )
-    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    # weights_only=False: the backbone here is a functools.partial, which lands in the hparams
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=False)
     return trainer
 
 
@@ -131,7 +136,7 @@ def test_watchdog_stops_after_consecutive_overflows_and_the_checkpoint_resumes(d
     events = read_events(trainer.logger.log_dir)
     scales = [e.value for e in events.Scalars("amp/scale")]
     assert scales == sorted(scales, reverse=True) and scales[0] < 1e38  # halved on every skipped step
-    checkpoint = torch.load(watchdog.stop_checkpoint, weights_only=True)
+    checkpoint = torch.load(watchdog.stop_checkpoint, weights_only=False)  # as in tiny_fit
     assert checkpoint["global_step"] == 3
 
     resumed = GradScaleWatchdog(max_consecutive_skips=3, check_every_n_steps=1)
@@ -165,7 +170,7 @@ def test_watchdog_stops_a_diverged_fp32_run(data_dir, tmp_path):
             data_dir, tmp_path, [watchdog], max_steps=8, optimizer=functools.partial(torch.optim.SGD, lr=1e30)
         )
     assert trainer.global_step < 8 and watchdog.skipped_steps >= 2
-    # weights_only=False: this test's optimizer is a functools.partial, which lands in the hparams
+    # weights_only=False: this test's backbone and optimizer are functools.partials, which land in the hparams
     assert torch.load(watchdog.stop_checkpoint, weights_only=False)["global_step"] == trainer.global_step
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
 
 from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.models import ImageClassifier
@@ -21,6 +22,13 @@ from .conftest import (
     run_cli,
     write_tiny_archive,
 )
+
+
+class TinyNet(nn.Sequential):
+    """A user's own network: any nn.Module whose constructor takes num_classes first."""
+
+    def __init__(self, num_classes: int, hidden: int = 8) -> None:
+        super().__init__(nn.Flatten(), nn.Linear(3 * 32 * 32, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,7 @@ def test_fit_writes_checkpoints_logs_and_config(trained):
     checkpoint = torch.load(last, weights_only=True)  # everything stored is plain data
     assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == (192 - 32) // 16
     model = ImageClassifier.load_from_checkpoint(last)
-    assert model.hparams.width == 4 and model.class_names == list(DATASET.class_names)
+    assert model.backbone[-1].in_features == 4 * 4 and model.class_names == list(DATASET.class_names)
     assert model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8)).shape == (1, len(DATASET.class_names))
     events = EventAccumulator(str(run_dir), size_guidance={"histograms": 0, "images": 0, "scalars": 0})
     events.Reload()
@@ -56,7 +64,7 @@ def test_fit_writes_checkpoints_logs_and_config(trained):
     assert [e.step for e in events.Scalars("val/top1")] == [checkpoint["global_step"] - 1]
     assert "model/cost/text_summary" in tags["tensors"]  # the model's cost, in the TEXT tab
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert config["model"]["width"] == 4 and config["data"]["batch_size"] == 16
+    assert config["model"]["backbone"]["init_args"]["width"] == 4 and config["data"]["batch_size"] == 16
     assert run_dir.name == config["trainer"]["logger"]["init_args"]["version"]
 
 
@@ -101,9 +109,11 @@ def test_validate_and_predict_a_checkpoint(trained, monkeypatch):
 
 
 def test_print_config_shows_the_resolved_config(tmp_path):
-    result = run_cli("fit", "--config", str(default_config()), "--model.width=8", "--print_config", cwd=tmp_path)
+    args = ("--config", str(default_config()), "--model.backbone=FastCNN", "--model.backbone.width=8", "--print_config")
+    result = run_cli("fit", *args, cwd=tmp_path)
     config = yaml.safe_load(result.stdout)
-    assert config["model"]["width"] == 8 and config["data"]["dataset"] == "{{ cookiecutter.dataset }}"
+    assert config["model"]["backbone"]["init_args"]["width"] == 8
+    assert config["data"]["dataset"] == "{{ cookiecutter.dataset }}"
     assert "num_classes" not in config["model"]  # linked from the data, not typed twice
     assert not (tmp_path / "runs").exists()
 
@@ -150,3 +160,21 @@ def test_slurm_script_is_valid_bash():
     script = PROJECT_ROOT / "scripts" / "slurm.sbatch"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     assert "--config configs/presets/ddp.yaml" in script.read_text()
+
+
+def test_an_own_network_plugs_in_through_the_config_alone(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    own = [f"--model.backbone={TinyNet.__module__}.TinyNet", "--model.backbone.hidden=6"]
+    run_cli(*fit_args("data", *own), cwd=tmp_path)
+    run_dir = only_run_dir(tmp_path)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["model"]["backbone"] == {"class_path": f"{TinyNet.__module__}.TinyNet", "init_args": {"hidden": 6}}
+    last = run_dir / "checkpoints" / "last.ckpt"
+    weights = torch.load(last, weights_only=True)["state_dict"]
+    assert weights["backbone.1.weight"].shape == (6, 3 * 32 * 32)
+    assert weights["backbone.3.weight"].shape == (len(DATASET.class_names), 6)
+    # Evaluation rebuilds the network from the checkpoint's record of it.
+    result = run_cli("test", "--config", str(default_config()), *FAST_ARGS, "--data.data_dir=data", "--ckpt_path=last",
+                     *own, cwd=tmp_path)  # fmt: skip
+    assert "test/top1" in result.stdout
+    assert isinstance(ImageClassifier.load_from_checkpoint(last).backbone, TinyNet)

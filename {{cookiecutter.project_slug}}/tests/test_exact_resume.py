@@ -153,8 +153,8 @@ def test_a_killed_two_process_run_resumes_to_exactly_the_uninterrupted_result(tm
 def test_the_fast_recipe_killed_mid_epoch_resumes_to_exactly_the_uninterrupted_result(tmp_path):
     args = [
         "fit", "--config", str(PROJECT_ROOT / "configs" / "cifar10_fast.yaml"), "--data.data_dir=data",
-        "--data.verify_checksum=false", "--data.global_batch_size=32", "--model.width=4",
-        "--model.whitening_images=100", "--trainer.max_steps=15", "--trainer.accelerator=cpu",
+        "--data.verify_checksum=false", "--data.global_batch_size=32", "--model.backbone.width=4",
+        "--trainer.max_steps=15", "--trainer.accelerator=cpu",
         "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false", KILL_PROBE,
     ]  # fmt: skip
     # 192 images in batches of 32: 6 steps per epoch; killed at step 9, ends inside epoch 2.

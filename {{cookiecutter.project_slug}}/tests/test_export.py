@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 import warnings
-from typing import get_args
+from functools import partial
 
 import onnx
 import onnxruntime
@@ -17,7 +17,7 @@ from torch import nn
 from {{ cookiecutter.import_name }}.export import onnx_export
 from {{ cookiecutter.import_name }}.model_cost import model_cost, thop_macs_and_params, torch_flops
 from {{ cookiecutter.import_name }}.models import ImageClassifier
-from {{ cookiecutter.import_name }}.models.backbones import BackboneName
+from {{ cookiecutter.import_name }}.models.backbones import AirBench, CifarResNet, FastCNN
 
 from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, run_cli, write_tiny_archive
 
@@ -121,10 +121,17 @@ def test_an_exporter_failure_is_reported_and_leaves_nothing(checkpoint, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("backbone", get_args(BackboneName))
+EVERY_BACKBONE = {
+    "fastcnn": partial(FastCNN, width=16),
+    "airbench": partial(AirBench, width=16),
+    **{f"resnet{depth}": partial(CifarResNet, depth=depth) for depth in (18, 34, 50)},
+}
+
+
+@pytest.mark.parametrize("backbone", EVERY_BACKBONE.values(), ids=EVERY_BACKBONE.keys())
 def test_thop_agrees_with_the_torch_flop_counter_and_leaves_the_model_alone(backbone):
     # airbench's whitening and identity-initialized layers are Conv2d subclasses that thop must count too.
-    model = ImageClassifier(num_classes=10, backbone=backbone, width=16 if backbone in ("fastcnn", "airbench") else 64)
+    model = ImageClassifier(num_classes=10, backbone=backbone)
     keys = set(model.state_dict())
     macs, params = thop_macs_and_params(model.network())
     flops = torch_flops(model.network())

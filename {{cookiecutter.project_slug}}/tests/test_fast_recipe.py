@@ -7,7 +7,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 from {{ cookiecutter.import_name }}.export.onnx_export import export_onnx, load_model, verify
-from {{ cookiecutter.import_name }}.models.backbones import PatchWhitening
+from {{ cookiecutter.import_name }}.models.backbones import AirBench, PatchWhitening
+from {{ cookiecutter.import_name }}.models.test_time import FlipTranslate
 
 from .conftest import PROJECT_ROOT, only_run_dir, run_cli, write_tiny_archive
 
@@ -19,7 +20,7 @@ def test_fast_recipe_trains_evaluates_with_tta_and_exports(tmp_path):
     write_tiny_archive(tmp_path / "data", CIFAR10)
     run_cli(
         "fit", "--config", str(FAST_CONFIG), "--data.data_dir=data", "--data.verify_checksum=false",
-        "--data.global_batch_size=32", "--data.storage=device", "--model.width=4", "--model.whitening_images=100",
+        "--data.global_batch_size=32", "--data.storage=device", "--model.backbone.width=4",
         "--trainer.max_steps=9", "--trainer.log_every_n_steps=1", "--trainer.accelerator=cpu",
         "--trainer.enable_progress_bar=false",
         # Kernel generation (inductor) takes about a minute on a CPU; this backend traces the same graphs.
@@ -30,13 +31,13 @@ def test_fast_recipe_trains_evaluates_with_tta_and_exports(tmp_path):
     assert run_dir.parent.name == "cifar10_fast"
     model, checkpoint = load_model(run_dir / "checkpoints" / "last.ckpt")
     assert checkpoint["global_step"] == 9 and checkpoint["epoch"] == 1  # 192 images / 32 = 6 steps per epoch
-    assert model.hparams.backbone == "airbench" and model.hparams.test_time_augmentation == "flip_translate"
+    assert isinstance(model.backbone, AirBench) and isinstance(model.test_time_augmentation, FlipTranslate)
 
-    # The whitening filters are the ones fitted to the first 100 training images, untouched by training.
+    # The whitening filters are the ones WhiteningFit fitted to the training images, untouched by training.
     data = CifarDataModule(data_dir=str(tmp_path / "data"), verify_checksum=False, val_size=0, batch_size=32)
     data.setup("fit")
     expected = PatchWhitening()
-    expected.fit(model.normalize(data.train_images(100)))
+    expected.fit(model.normalize(data.train_images(5000)))  # the config's count; all 192 of them here
     assert torch.allclose(model.backbone[0].weight, expected.weight, atol=1e-6)
 
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})

@@ -28,14 +28,13 @@ QUIET = [
     "--trainer.enable_progress_bar=false",
 ]
 CONFIGS = {
-    "default": [str(default_config()), "--model.backbone=fastcnn", "--model.width=4", "--data.batch_size=8"],
+    "default": [str(default_config()), "--model.backbone=FastCNN", "--model.backbone.width=4", "--data.batch_size=8"],
     # The fast recipe (CIFAR-10 whatever the default dataset), small and in fp32 on the CPU.
     "fast": [
         str(PROJECT_ROOT / "configs" / "cifar10_fast.yaml"),
-        "--model.backbone=airbench",
-        "--model.width=4",
+        "--model.backbone=AirBench",
+        "--model.backbone.width=4",
         "--data.global_batch_size=8",
-        "--model.whitening_images=64",
     ],
 }
 
@@ -77,7 +76,8 @@ def host_reads(config: list[str], steps: int, root, monkeypatch, watchdog_reads_
     monkeypatch.setattr(sys, "argv", ["main.py"])
     args = ["fit", "--config", *config[:1], *FAST_ARGS, *config[1:], *QUIET, "--data.data_dir=../data"]
     args += [f"--trainer.max_steps={steps}", "--trainer.precision=32-true"]
-    TrainerCLI(args=args, trainer_defaults={"callbacks": [Window(counts, watchdog_reads_every_step)]})
+    window = Window(counts, watchdog_reads_every_step)
+    TrainerCLI(default_config=default_config(), args=args, trainer_defaults={"callbacks": [window]})
     del counts["active"]
     return counts
 

@@ -1,25 +1,31 @@
+from functools import partial
 from types import SimpleNamespace
-from typing import get_args
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
 
+from {{ cookiecutter.import_name }}.callbacks import WhiteningFit
 from {{ cookiecutter.import_name }}.data import CifarDataModule, TrainingImages
+from {{ cookiecutter.import_name }}.errors import UsageError
 from {{ cookiecutter.import_name }}.models import ImageClassifier
-from {{ cookiecutter.import_name }}.models.backbones import (
-    BackboneName,
-    IdentityInitConv,
-    PatchWhitening,
-    build_backbone,
-)
-from {{ cookiecutter.import_name }}.models.schedules import triangle
+from {{ cookiecutter.import_name }}.models.backbones import AirBench, CifarResNet, FastCNN, IdentityInitConv, PatchWhitening
+from {{ cookiecutter.import_name }}.models.schedules import Triangle, triangle
+from {{ cookiecutter.import_name }}.models.test_time import Flip, FlipTranslate
+
+TINY_FASTCNN = partial(FastCNN, width=4)
+TINY_AIRBENCH = partial(AirBench, width=4)
+BACKBONES = [
+    partial(FastCNN, width=8),
+    partial(AirBench, width=8),
+    *(partial(CifarResNet, depth=d) for d in (18, 34, 50)),
+]
 
 
-@pytest.mark.parametrize("name", get_args(BackboneName))
-def test_every_backbone_maps_images_to_logits(name):
-    net = build_backbone(name, num_classes=7, width=8 if name in ("fastcnn", "airbench") else 64)
+@pytest.mark.parametrize("backbone", BACKBONES, ids=["fastcnn", "airbench", "resnet18", "resnet34", "resnet50"])
+def test_every_backbone_maps_images_to_logits(backbone):
+    net = backbone(7).eval()  # eval: airbench's whitening layer is fitted at fit start, before any training step
     assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
 
 
@@ -48,7 +54,7 @@ def test_identity_initialized_convolutions_pass_their_input_through():
 
 def test_test_time_augmentation_averages_the_published_views():
     torch.manual_seed(0)
-    plain = ImageClassifier(num_classes=10, backbone="fastcnn", width=4).eval()
+    plain = ImageClassifier(num_classes=10, backbone=TINY_FASTCNN).eval()
     images = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
     x = plain.normalize(images)
 
@@ -59,15 +65,16 @@ def test_test_time_augmentation_averages_the_published_views():
         assert torch.equal(plain.evaluate(images), plain(images))
         padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
         shifted = with_mirror(padded[..., :32, :32]) + with_mirror(padded[..., 2:, 2:])
-        for mode, expected in [("flip", with_mirror(x)), ("flip_translate", 0.5 * with_mirror(x) + 0.25 * shifted)]:
-            plain.hparams.test_time_augmentation = mode
+        for views, expected in [(Flip(), with_mirror(x)), (FlipTranslate(), 0.5 * with_mirror(x) + 0.25 * shifted)]:
+            plain.test_time_augmentation = views
             assert torch.allclose(plain.evaluate(images), expected, atol=1e-5)
+            assert torch.equal(plain.evaluate(images, all_views=False), plain(images))
 
 
 def test_channels_last_changes_the_memory_order_not_the_result():
     torch.manual_seed(0)
-    standard = ImageClassifier(num_classes=10, backbone="airbench", width=4).eval()
-    nhwc = ImageClassifier(num_classes=10, backbone="airbench", width=4, channels_last=True).eval()
+    standard = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH).eval()
+    nhwc = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH, channels_last=True).eval()
     nhwc.load_state_dict(standard.state_dict())
     conv = nhwc.backbone[2][0].weight
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
@@ -77,10 +84,8 @@ def test_channels_last_changes_the_memory_order_not_the_result():
 
 
 def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_triangle_schedule():
-    model = ImageClassifier(
-        num_classes=10, backbone="airbench", width=4, norm_bias_lr_scale=64.0, lr_schedule="triangle",
-        warmup_fraction=0.25,
-    )  # fmt: skip
+    schedule = partial(Triangle, warmup_fraction=0.25)
+    model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH, norm_bias_lr_scale=64.0, lr_schedule=schedule)
     model._trainer = SimpleNamespace(estimated_stepping_batches=100)
     setup = model.configure_optimizers()
     others, shifts = setup["optimizer"].param_groups
@@ -93,46 +98,72 @@ def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_triangle_schedule
 
 
 @pytest.mark.parametrize(
-    ("fn", "step", "epoch", "tta_validations", "views"),
+    ("fn", "step", "epoch", "during_fit", "all_views"),
     [
-        ("fit", 3, 0, "final", "none"),  # an epoch's validation: one view, cheap
-        ("fit", 10, 1, "final", "flip_translate"),  # the last one (max_steps reached): all views
-        ("fit", 8, 2, "final", "flip_translate"),  # the last epoch
-        ("fit", 3, 0, "every", "flip_translate"),
-        ("test", 3, 0, "final", "flip_translate"),  # evaluation commands: always all views
+        ("fit", 3, 0, "final", False),  # an epoch's validation: one view, cheap
+        ("fit", 10, 1, "final", True),  # the last one (max_steps reached): all views
+        ("fit", 8, 2, "final", True),  # the last epoch
+        ("fit", 3, 0, "every", True),
+        ("test", 3, 0, "final", True),  # evaluation commands: always all views
     ],
 )
-def test_test_time_views_are_spent_where_they_count(fn, step, epoch, tta_validations, views):
-    views_at = {"test_time_augmentation": "flip_translate", "tta_validations": tta_validations}
-    model = ImageClassifier(num_classes=10, backbone="fastcnn", width=4, **views_at)
+def test_test_time_views_are_spent_where_they_count(fn, step, epoch, during_fit, all_views):
+    model = ImageClassifier(num_classes=10, backbone=TINY_FASTCNN, test_time_augmentation=FlipTranslate(during_fit))
     model._trainer = SimpleNamespace(
         state=SimpleNamespace(fn=fn), max_steps=10, global_step=step, max_epochs=3, current_epoch=epoch
     )
-    assert model._evaluation_views() == views
+    assert model._all_views_now() == all_views
 
 
 def test_whitening_bias_starts_at_zero_as_in_airbench():
-    model = ImageClassifier(num_classes=10, backbone="airbench", width=4)
+    model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH)
     assert torch.count_nonzero(model.backbone[0].bias) == 0
 
 
+def whitened_model_and_fit(bias_epochs=3):
+    model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH)
+    images = torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8)
+    data = SimpleNamespace(train_images=lambda count: images[:count])
+    fit = WhiteningFit(images=30, bias_epochs=bias_epochs)
+    fit.setup(SimpleNamespace(datamodule=data), model, "fit")
+    return model, fit, images
+
+
+def test_whitening_fit_fits_the_layer_to_the_first_training_images():
+    model, _, images = whitened_model_and_fit()
+    expected = PatchWhitening()
+    expected.fit(model.normalize(images[:30]))
+    assert torch.equal(model.backbone[0].weight, expected.weight) and model.backbone[0].fitted
+
+
 def test_whitening_bias_trains_only_for_its_first_epochs():
-    model = ImageClassifier(num_classes=10, backbone="airbench", width=4, whitening_bias_epochs=2)
+    model, fit, _ = whitened_model_and_fit(bias_epochs=2)
     bias = model.backbone[0].bias
     for epoch, trains in [(0, True), (1, True), (2, False)]:
-        model._trainer = SimpleNamespace(current_epoch=epoch)
         bias.grad = torch.ones_like(bias)
-        model.on_before_optimizer_step(None)
+        fit.on_before_optimizer_step(SimpleNamespace(current_epoch=epoch), model, None)
         assert (bias.grad is not None) == trains
 
 
-def test_resnet_refuses_a_width_it_cannot_have():
-    with pytest.raises(ValueError, match="fixed base width"):
-        build_backbone("resnet18", num_classes=10, width=8)
+def test_an_unfitted_whitening_layer_refuses_to_train_and_names_the_callback():
+    model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH)
+    with pytest.raises(UsageError, match=r"callbacks\.WhiteningFit"):
+        model(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
+    model.eval()(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))  # evaluating a fresh model is allowed
+    fitted = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH)
+    fitted.load_state_dict(whitened_model_and_fit()[0].state_dict())  # a checkpoint's weights are fitted ones
+    assert fitted.backbone[0].fitted
+
+
+def test_resnet_depth_picks_torchvision_layout():
+    blocks = {depth: len(CifarResNet(10, depth).layer3) for depth in (18, 34, 50)}
+    assert blocks == {18: 2, 34: 6, 50: 6} and isinstance(CifarResNet(10, 50).layer1[0].conv3, torch.nn.Conv2d)
+    with pytest.raises(ValueError, match="18, 34, 50"):
+        CifarResNet(10, depth=20)
 
 
 def test_model_takes_uint8_and_normalizes_inside():
-    model = ImageClassifier(num_classes=10, backbone="fastcnn", width=4, mean=(0.5,) * 3, std=(0.25,) * 3)
+    model = ImageClassifier(num_classes=10, backbone=TINY_FASTCNN, mean=(0.5,) * 3, std=(0.25,) * 3)
     images = torch.full((2, 3, 32, 32), 255, dtype=torch.uint8)
     assert torch.allclose(model.normalize(images), torch.full((2, 3, 32, 32), 2.0))
     assert model(images).shape == (2, 10)
@@ -140,7 +171,7 @@ def test_model_takes_uint8_and_normalizes_inside():
 
 def test_a_training_step_learns():
     torch.manual_seed(0)
-    model = ImageClassifier(num_classes=2, backbone="fastcnn", width=4, label_smoothing=0.0)
+    model = ImageClassifier(num_classes=2, backbone=TINY_FASTCNN, label_smoothing=0.0)
     images = torch.cat([torch.zeros(8, 3, 32, 32), torch.full((8, 3, 32, 32), 255.0)]).to(torch.uint8)
     labels = torch.tensor([0] * 8 + [1] * 8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -162,7 +193,6 @@ def test_class_names_must_match_num_classes():
 def test_data_fitted_layers_ask_for_training_images_by_a_named_interface():
     assert isinstance(CifarDataModule(), TrainingImages)
     assert not isinstance(L.LightningDataModule(), TrainingImages)
-    model = ImageClassifier(num_classes=10, backbone="airbench", width=4)
-    model._trainer = SimpleNamespace(datamodule=L.LightningDataModule())
+    model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH)
     with pytest.raises(ValueError, match="TrainingImages"):
-        model._fit_whitening()
+        WhiteningFit().setup(SimpleNamespace(datamodule=L.LightningDataModule()), model, "fit")

@@ -104,7 +104,7 @@ def test_a_kill_during_a_checkpoint_write_never_leaves_a_broken_checkpoint(tmp_p
 @pytest.fixture
 def finished(tmp_path, monkeypatch):
     write_tiny_archive(tmp_path / "data")
-    in_process(fit_args("data", "--model.lr_schedule=constant"), tmp_path, monkeypatch)
+    in_process(fit_args("data", "--model.lr_schedule=Constant"), tmp_path, monkeypatch)
     (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
     return tmp_path, last
 
@@ -124,7 +124,7 @@ def test_a_broken_checkpoint_is_refused_by_name(finished, monkeypatch, problem):
 def test_resuming_under_a_changed_config_lists_the_changes_or_is_allowed(finished, monkeypatch):
     root, last = finished
     run_dir = last.parents[1]
-    schedule, smoothing = "--model.lr_schedule=constant", "--model.label_smoothing=0.2"
+    schedule, smoothing = "--model.lr_schedule=Constant", "--model.label_smoothing=0.2"
     changed = fit_args("data", "--trainer.max_epochs=2", schedule, smoothing, f"--ckpt_path={last}")
     with pytest.raises(UsageError) as refused:
         in_process(changed, root, monkeypatch)
@@ -143,7 +143,7 @@ def test_settings_that_shape_the_weights_cannot_change_on_resume(finished, monke
     root, last = finished
     before = last.read_bytes()
     allowed = "--allow_config_change=true"
-    args = fit_args("data", "--model.lr_schedule=constant", "--model.width=8", f"--ckpt_path={last}", allowed)
-    with pytest.raises(UsageError, match=r"cannot continue under model\.width: 4 -> 8"):
+    args = fit_args("data", "--model.lr_schedule=Constant", "--model.backbone.width=8", f"--ckpt_path={last}", allowed)
+    with pytest.raises(UsageError, match=r"cannot continue under model\.backbone\.init_args\.width: 4 -> 8"):
         in_process(args, root, monkeypatch)
     assert last.read_bytes() == before

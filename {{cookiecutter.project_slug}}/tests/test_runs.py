@@ -79,7 +79,12 @@ BAD_INPUTS = [
     ("same-config-again", [], 2, "--ckpt_path last"),
     ("changed-config", ["--ckpt_path=last", "--trainer.max_epochs=2"], 2, "trainer.max_epochs: 1 -> 2"),
     ("other-data", ["--ckpt_path=last", "--data.data_dir=other_data"], 2, "data_fingerprint"),
-    ("weights-do-not-fit", ["--ckpt_path=last", "--model.width=8", "--allow_config_change=true"], 2, "model.width"),
+    (
+        "weights-do-not-fit",
+        ["--ckpt_path=last", "--model.backbone.width=8", "--allow_config_change=true"],
+        2,
+        "model.backbone.init_args.width: 4 -> 8",
+    ),
     ("no-run-to-resume", ["--ckpt_path=last", "--trainer.logger.init_args.name=other"], 2, "--allow_fresh_start"),
     ("missing-checkpoint", ["--ckpt_path=nosuch.ckpt"], 2, "--ckpt_path nosuch.ckpt"),
     ("garbage-checkpoint", ["--ckpt_path=garbage.ckpt"], 1, "garbage.ckpt"),
@@ -88,7 +93,7 @@ BAD_INPUTS = [
     ("damaged-archive", ["--data.data_dir=bad_data", "--trainer.logger.init_args.name=bad"], 1, "bad_data"),
     ("val-size-too-large", ["--data.val_size=100000", "--trainer.max_epochs=2"], 2, "data.val_size"),
     ("batch-too-large", ["--data.batch_size=100000", "--trainer.max_epochs=2"], 2, "data.batch_size"),
-    ("bad-value", ["--model.warmup_fraction=2"], 2, "model.warmup_fraction"),
+    ("bad-value", ["--model.lr_schedule.warmup_fraction=2"], 2, "model.lr_schedule.warmup_fraction"),
     ("output-not-a-folder", ["--trainer.logger.init_args.save_dir=a_file/runs"], 1, "save_dir"),
     (
         "extension-failing-before-its-first-step",
@@ -161,17 +166,17 @@ def scalars(run_dir: Path, prefix: str) -> dict[str, dict[int, float]]:
 
 
 # The fast recipe (a CIFAR-10 recipe whatever the default dataset), small and in fp32 on the CPU.
-FAST = ["--config", "configs/cifar10_fast.yaml", "--data.global_batch_size=32", "--model.width=8"]
+FAST = ["--config", "configs/cifar10_fast.yaml", "--data.global_batch_size=32", "--model.backbone.width=8"]
 FAST += ["--trainer.precision=32-true"]
 EXTENSIONS = [
-    pytest.param("onecycle", [], id="onecycle"),
-    pytest.param("warmup_cosine", [], id="warmup_cosine"),
-    pytest.param("triangle", [], id="triangle"),
-    pytest.param("constant", [], id="constant"),
+    pytest.param("OneCycle", [], id="onecycle"),
+    pytest.param("WarmupCosine", [], id="warmup_cosine"),
+    pytest.param("Triangle", [], id="triangle"),
+    pytest.param("Constant", [], id="constant"),
     pytest.param(
-        "onecycle", ["--config", "configs/presets/debug.yaml", "--trainer.limit_train_batches=6"], id="debug-preset"
+        "OneCycle", ["--config", "configs/presets/debug.yaml", "--trainer.limit_train_batches=6"], id="debug-preset"
     ),
-    pytest.param("triangle", ["--config", "configs/presets/early_stopping.yaml"], id="early-stopping-preset"),
+    pytest.param("Triangle", ["--config", "configs/presets/early_stopping.yaml"], id="early-stopping-preset"),
 ]
 
 

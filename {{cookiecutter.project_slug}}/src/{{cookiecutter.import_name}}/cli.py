@@ -42,14 +42,19 @@ class TrainerCLI(LightningCLI):
     """``python main.py {fit,validate,test,predict} [--config configs/...yaml] ...``."""
 
     def __init__(self, default_config: Path | None = None, **kwargs: Any) -> None:
-        """``default_config``: the YAML every subcommand starts from, so a bare command has the full setup."""
+        """``default_config``: the YAML every subcommand starts from, so a bare command has the full setup.
+
+        With ``run=False`` (no subcommand) it only builds the data, the model and the trainer from the
+        config (``cli.datamodule``, ``cli.model``, ``cli.trainer``), e.g. in a notebook or a benchmark.
+        """
         silence_known_noise()
-        kwargs.setdefault("save_config_callback", RunRecord)
+        runs = kwargs.get("run", True)
+        kwargs.setdefault("save_config_callback", RunRecord if runs else None)
         # The model takes its optimizer as an argument (model.optimizer), so no top-level group.
         kwargs.setdefault("auto_configure_optimizers", False)
         if default_config is not None:
             defaults = {"default_config_files": [str(default_config)]}
-            kwargs.setdefault("parser_kwargs", dict.fromkeys(SUBCOMMANDS, defaults))
+            kwargs.setdefault("parser_kwargs", dict.fromkeys(SUBCOMMANDS, defaults) if runs else defaults)
         super().__init__(ImageClassifier, CifarDataModule, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -70,7 +75,10 @@ class TrainerCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """Decide the run (and the checkpoint file behind ``last``) before anything is built or written."""
-        subcommand = self.config.subcommand  # self.subcommand is set only after this runs
+        subcommand = self.config.get("subcommand")  # self.subcommand is set only after this runs
+        if subcommand is None:  # run=False: nothing is resumed or written
+            self.run = None
+            return
         config = self.config[subcommand]
         parser = self._parser(subcommand)
         data = data_fingerprint(config.data)
@@ -92,6 +100,8 @@ class TrainerCLI(LightningCLI):
         self.run = Run.plan(subcommand, identity, experiment, checkpoint, stored, allow_change)
 
     def before_instantiate_classes(self) -> None:
+        if self.run is None:
+            return
         self.run.place(self.config[self.subcommand].trainer)
         self.save_config_kwargs["run"] = self.run
 

@@ -34,8 +34,9 @@ HASH_FILENAME = "config_hash.txt"
 LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
 # Files a session may rewrite in an existing run directory, restored if it fails before training.
 SMALL_FILE_BYTES = 1 << 20
-# Settings that shape the weights: a checkpoint cannot continue under other values, even if allowed.
-WEIGHT_SHAPING_KEYS = ("model.backbone", "model.width", "data.dataset", "data.class_names")
+# Settings that shape the weights (with everything under them, e.g. model.backbone.init_args.width):
+# a checkpoint cannot continue under other values, even if allowed.
+WEIGHT_SHAPING_KEYS = ("model.backbone", "data.dataset", "data.class_names")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> dict[str, str]:
         elif before != after:
             changes[f"{prefix}{key}"] = f"{json.dumps(before)} -> {json.dumps(after)}"
     return changes
+
+
+def shapes_weights(key: str) -> bool:
+    return any(key == shaping or key.startswith(f"{shaping}.") for shaping in WEIGHT_SHAPING_KEYS)
 
 
 def describe(changes: dict[str, str]) -> str:
@@ -169,7 +174,7 @@ class Run:
         if isinstance(checkpoint, Path) and stored.get("config_hash") not in (None, identity.hash):
             changes = identity.changes_from(stored.get("config", "{}"))
             source = checkpoint_run or checkpoint
-            fixed = {key: change for key, change in changes.items() if key in WEIGHT_SHAPING_KEYS}
+            fixed = {key: change for key, change in changes.items() if shapes_weights(key)}
             if fixed:
                 raise UsageError(
                     f"the weights in {checkpoint} cannot continue under {describe(fixed)}; resume with the run's "

@@ -1,4 +1,4 @@
-"""Callbacks that make training observable, and the fast recipe's lookahead; each is set under ``trainer.callbacks``."""
+"""Callbacks, each set under ``trainer.callbacks``: what makes training observable, and recipe parts."""
 
 from .confusion_matrix import ConfusionMatrix
 from .grad_scale_watchdog import GradScaleWatchdog
@@ -9,6 +9,7 @@ from .prediction_writer import PredictionWriter
 from .random_state import RandomState
 from .sample_grid import SampleGrid
 from .throughput import ImageThroughput
+from .whitening import WhiteningFit
 
 __all__ = [
     "ConfusionMatrix",
@@ -20,4 +21,5 @@ __all__ = [
     "PredictionWriter",
     "RandomState",
     "SampleGrid",
+    "WhiteningFit",
 ]

@@ -10,12 +10,21 @@ from ..models import ImageClassifier
 from .onnx_export import INPUT_NAME, OUTPUT_NAME, Parity
 
 
+def backbone_settings(model: ImageClassifier, checkpoint: dict) -> dict:
+    """The backbone as the run's config gave it (class_path and init_args), or its class when built in Python."""
+    given = checkpoint.get("hyper_parameters", {}).get("backbone")
+    if isinstance(given, dict):
+        return given
+    network = type(model.backbone)
+    return {"class_path": f"{network.__module__}.{network.__qualname__}"}
+
+
 def build_card(
     model: ImageClassifier, checkpoint: dict, ckpt_path: Path, onnx_path: Path, cost: ModelCost, parity: Parity
 ) -> dict:
     hparams = model.hparams
     return {
-        "model": {"file": onnx_path.name, "format": "onnx", "backbone": hparams.backbone, "width": hparams.width},
+        "model": {"file": onnx_path.name, "format": "onnx", "backbone": backbone_settings(model, checkpoint)},
         "input": {
             "name": INPUT_NAME,
             "dtype": "uint8",
@@ -49,6 +58,11 @@ def build_card(
     }
 
 
+def network_line(backbone: dict) -> str:
+    settings = ", ".join(f"{key}={value}" for key, value in backbone.get("init_args", {}).items())
+    return f"{backbone['class_path'].rpartition('.')[2]}({settings})"
+
+
 def markdown(card: dict) -> str:
     cost, source, parity = card["cost"], card["source"], card["parity"]
     names = ", ".join(card["class_names"][:20]) + (" ..." if len(card["class_names"]) > 20 else "")
@@ -56,7 +70,7 @@ def markdown(card: dict) -> str:
         [
             f"# Model card: {card['model']['file']}",
             "",
-            f"- Network: {card['model']['backbone']} (width {card['model']['width']})",
+            f"- Network: {network_line(card['model']['backbone'])}",
             f"- Input `{card['input']['name']}`: uint8 {card['input']['shape']}, {card['input']['layout']}; "
             f"{card['input']['normalization']}, mean {card['input']['mean']}, std {card['input']['std']}",
             f"- Output `{card['output']['name']}`: float32 {card['output']['shape']} logits",

@@ -1,4 +1,4 @@
-"""The model: backbones built by name, and the LightningModule that trains them."""
+"""The model: the LightningModule, and the parts a config plugs into it (backbones, schedules, test-time views)."""
 
 from .classifier import ImageClassifier
 

@@ -1,25 +1,38 @@
-"""Backbones for 32x32 images, built by name.
+"""Networks for 32x32 images: ``model.backbone`` names one by ``class_path`` (or class name).
 
-``fastcnn`` follows the shape of the fastest published CIFAR-10 trainers (three
+Each takes ``num_classes`` first (the model passes it; the config gives the rest) and maps
+normalized (N, 3, 32, 32) images to (N, num_classes) logits. Any ``nn.Module`` with that
+constructor plugs in the same way, e.g. ``--model.backbone my_package.MyNet``.
+
+``FastCNN`` follows the shape of the fastest published CIFAR-10 trainers (three
 conv-pool-norm groups, GELU, a max-pooled head): few layers, wide channels, little
-memory traffic. ``airbench`` is that network exactly as airbench94 builds it (Keller Jordan,
+memory traffic. ``AirBench`` is that network exactly as airbench94 builds it (Keller Jordan,
 "94% on CIFAR-10 in 3.29 seconds on a single GPU", arXiv:2404.00498): a frozen patch-whitening
-first layer fitted to the data, identity-initialized convolutions, BatchNorm with frozen scales,
-and a scaled linear head. The torchvision ResNets are adapted to 32x32 the usual way: a 3x3
-stride-1 stem and no max-pool, so the first stage still sees the full image.
+first layer fitted to the data (by the ``WhiteningFit`` callback), identity-initialized
+convolutions, BatchNorm with frozen scales, and a scaled linear head. ``CifarResNet`` is
+torchvision's ResNet adapted to 32x32 the usual way: a 3x3 stride-1 stem and no max-pool, so
+the first stage still sees the full image.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from torchvision.models import resnet18, resnet34, resnet50
+from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
-BackboneName = Literal["fastcnn", "airbench", "resnet18", "resnet34", "resnet50"]
-RESNETS = {"resnet18": resnet18, "resnet34": resnet34, "resnet50": resnet50}
-RESNET_WIDTH = 64
+from ..errors import UsageError
+
+# What model.backbone is: a class (or function) that builds the network for a number of classes.
+BackboneFactory = Callable[[int], nn.Module]
+ResNetDepth = Literal[18, 34, 50]
+RESNET_LAYOUTS: dict[int, tuple[type[BasicBlock | Bottleneck], list[int]]] = {
+    18: (BasicBlock, [2, 2, 2, 2]),
+    34: (BasicBlock, [3, 4, 6, 3]),
+    50: (Bottleneck, [3, 4, 6, 3]),
+}
 
 
 def conv_bn(in_channels: int, out_channels: int) -> list[nn.Module]:
@@ -36,18 +49,27 @@ def conv_group(in_channels: int, out_channels: int) -> nn.Sequential:
     return nn.Sequential(first, nn.MaxPool2d(2), *rest, *conv_bn(out_channels, out_channels))
 
 
-def fastcnn(num_classes: int, width: int) -> nn.Sequential:
+class FastCNN(nn.Sequential):
     """A stem and three groups of widths (width, 4*width, 4*width); 32 -> 16 -> 8 -> 4 pixels."""
-    widths = (width, 4 * width, 4 * width)
-    return nn.Sequential(
-        *conv_bn(3, width),
-        conv_group(width, widths[0]),
-        conv_group(widths[0], widths[1]),
-        conv_group(widths[1], widths[2]),
-        nn.AdaptiveMaxPool2d(1),
-        nn.Flatten(),
-        nn.Linear(widths[2], num_classes),
-    )
+
+    def __init__(self, num_classes: int, width: int = 64) -> None:
+        """Build the network.
+
+        Args:
+            num_classes: Number of classes (given by the model).
+            width: Channels of the first group; the later groups have 4x.
+        """
+        _check_width(width)
+        widths = (width, 4 * width, 4 * width)
+        super().__init__(
+            *conv_bn(3, width),
+            conv_group(width, widths[0]),
+            conv_group(widths[0], widths[1]),
+            conv_group(widths[1], widths[2]),
+            nn.AdaptiveMaxPool2d(1),
+            nn.Flatten(),
+            nn.Linear(widths[2], num_classes),
+        )
 
 
 class PatchWhitening(nn.Conv2d):
@@ -61,6 +83,20 @@ class PatchWhitening(nn.Conv2d):
         super().__init__(in_channels, 2 * in_channels * patch_size**2, kernel_size=patch_size, bias=True)
         self.eps = eps
         self.weight.requires_grad_(False)
+        self.fitted = False  # set by fit(), or by loading weights that were fitted
+
+    def forward(self, images: Tensor) -> Tensor:
+        if self.training and not self.fitted:
+            raise UsageError(
+                "the whitening layer of model.backbone was never fitted to data; add the callback "
+                "{{ cookiecutter.import_name }}.callbacks.WhiteningFit to trainer.callbacks "
+                "(as configs/cifar10_fast.yaml does)"
+            )
+        return super().forward(images)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.fitted = prefix + "weight" in state_dict
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
@@ -83,6 +119,7 @@ class PatchWhitening(nn.Conv2d):
         filters = eigenvectors.T.flip(0) / torch.sqrt(eigenvalues.flip(0) + self.eps)[:, None]
         filters = filters.reshape(size, channels, height, width)
         self.weight.copy_(torch.cat((filters, -filters)).to(self.weight.dtype))
+        self.fitted = True
 
 
 class IdentityInitConv(nn.Conv2d):
@@ -126,41 +163,50 @@ def airbench_group(in_channels: int, out_channels: int) -> nn.Sequential:
     )
 
 
-def airbench(num_classes: int, width: int) -> nn.Sequential:
+class AirBench(nn.Sequential):
     """airbench94's network: whitening, groups of widths (width, 4*width, 4*width), 31 -> 15 -> 7 -> 3 -> 1 pixels."""
-    widths = (width, 4 * width, 4 * width)
-    whitening = PatchWhitening()
-    return nn.Sequential(
-        whitening,
-        nn.GELU(),
-        airbench_group(whitening.out_channels, widths[0]),
-        airbench_group(widths[0], widths[1]),
-        airbench_group(widths[1], widths[2]),
-        nn.MaxPool2d(3),
-        nn.Flatten(),
-        nn.Linear(widths[2], num_classes, bias=False),
-        Scale(1 / 9),
-    )
+
+    def __init__(self, num_classes: int, width: int = 64) -> None:
+        """Build the network.
+
+        Args:
+            num_classes: Number of classes (given by the model).
+            width: Channels of the first group; the later groups have 4x (airbench94: 64).
+        """
+        _check_width(width)
+        widths = (width, 4 * width, 4 * width)
+        whitening = PatchWhitening()
+        super().__init__(
+            whitening,
+            nn.GELU(),
+            airbench_group(whitening.out_channels, widths[0]),
+            airbench_group(widths[0], widths[1]),
+            airbench_group(widths[1], widths[2]),
+            nn.MaxPool2d(3),
+            nn.Flatten(),
+            nn.Linear(widths[2], num_classes, bias=False),
+            Scale(1 / 9),
+        )
 
 
-def cifar_resnet(name: str, num_classes: int) -> nn.Module:
-    model = RESNETS[name](num_classes=num_classes)
-    model.conv1 = nn.Conv2d(3, RESNET_WIDTH, kernel_size=3, stride=1, padding=1, bias=False)
-    model.maxpool = nn.Identity()
-    return model
+class CifarResNet(ResNet):
+    """torchvision's ResNet with a 3x3 stride-1 stem and no max-pool, so the first stage sees all 32x32 pixels."""
+
+    def __init__(self, num_classes: int, depth: ResNetDepth = 18) -> None:
+        """Build the network.
+
+        Args:
+            num_classes: Number of classes (given by the model).
+            depth: 18, 34 (basic blocks) or 50 (bottleneck blocks).
+        """
+        if depth not in RESNET_LAYOUTS:
+            raise ValueError(f"model.backbone.depth must be one of 18, 34, 50, got {depth}")
+        block, layers = RESNET_LAYOUTS[depth]
+        super().__init__(block, layers, num_classes=num_classes)
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        self.maxpool = nn.Identity()
 
 
-def build_backbone(name: BackboneName, num_classes: int, width: int = 64) -> nn.Module:
-    """Return a network mapping normalized (N, 3, 32, 32) images to (N, num_classes) logits."""
-    if name in ("fastcnn", "airbench"):
-        if width < 1:
-            raise ValueError(f"model.width must be a positive integer, got {width}")
-        return fastcnn(num_classes, width) if name == "fastcnn" else airbench(num_classes, width)
-    if name in RESNETS:
-        if width != RESNET_WIDTH:
-            raise ValueError(
-                f"model.width={width} cannot apply to {name}: torchvision ResNets have a fixed base width "
-                f"of {RESNET_WIDTH}; leave model.width at {RESNET_WIDTH} or use model.backbone fastcnn"
-            )
-        return cifar_resnet(name, num_classes)
-    raise ValueError(f"unknown model.backbone {name!r}; choose one of {', '.join(get_args(BackboneName))}")
+def _check_width(width: int) -> None:
+    if width < 1:
+        raise ValueError(f"model.backbone.width must be a positive integer, got {width}")

@@ -1,6 +1,8 @@
 """Per-step learning-rate schedules that are planned from the config, never from a checkpoint.
 
-A schedule is a function of (step, total steps). Restored from a checkpoint it keeps only
+``model.lr_schedule`` names one of the classes below by ``class_path`` (or class name); the
+model builds it with the optimizer and the run's number of optimizer steps, the config gives
+the rest. A schedule is a function of (step, total steps). Restored from a checkpoint it keeps only
 its step count; the total comes from the current ``max_epochs``/``max_steps``. Extending a
 finished run (``--trainer.max_epochs`` raised, ``--allow_config_change true``) therefore
 continues on the schedule the longer run would have followed from its start, from the step
@@ -14,12 +16,13 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
 
-ScheduleName = Literal["onecycle", "warmup_cosine", "triangle", "constant"]
+# What model.lr_schedule is: a scheduler class (or function) taking the optimizer and the run's total steps.
+ScheduleFactory = Callable[[Optimizer, int], LRScheduler]
 
 
 class Replanned(LRScheduler):
@@ -63,14 +66,85 @@ class PlannedLambdaLR(Replanned, LambdaLR):
         self.remember_configuration()
 
 
-class PlannedOneCycleLR(Replanned, OneCycleLR):
-    def __init__(self, optimizer: Optimizer, **kwargs: Any) -> None:
-        super().__init__(optimizer, **kwargs)
+class OneCycle(Replanned, OneCycleLR):
+    """PyTorch's one-cycle policy over the run: warm up to the optimizer's lr, then anneal (momentum inversely)."""
+
+    def __init__(self, optimizer: Optimizer, total_steps: int, warmup_fraction: float = 0.2) -> None:
+        """Plan the cycle.
+
+        Args:
+            optimizer: The optimizer whose learning rate is the peak (given by the model).
+            total_steps: Optimizer steps of the run (given by the model).
+            warmup_fraction: Fraction of the steps spent warming up.
+        """
+        _check_fraction(warmup_fraction)
+        total_steps = max(total_steps, 3)  # at least two warm-up steps and one after them
+        warmup_steps = min(max(int(warmup_fraction * total_steps), 2), total_steps - 1)
+        peak = [group["lr"] for group in optimizer.param_groups]
+        super().__init__(optimizer, max_lr=peak, total_steps=total_steps, pct_start=warmup_steps / total_steps)
         self.remember_configuration()
 
     @property
     def last_step(self) -> int:
         return self.total_steps  # OneCycleLR refuses steps beyond its plan; a shortened run stops there
+
+
+class WarmupCosine(PlannedLambdaLR):
+    """Linear warm-up from lr/warmup_steps to lr, then a cosine to 0 at the last step."""
+
+    def __init__(self, optimizer: Optimizer, total_steps: int, warmup_fraction: float = 0.2) -> None:
+        """Plan the schedule.
+
+        Args:
+            optimizer: The optimizer whose learning rate is the peak (given by the model).
+            total_steps: Optimizer steps of the run (given by the model).
+            warmup_fraction: Fraction of the steps spent warming up.
+        """
+        _check_fraction(warmup_fraction)
+        super().__init__(optimizer, warmup_cosine(total_steps, int(warmup_fraction * total_steps)))
+
+
+class Triangle(PlannedLambdaLR):
+    """Linear from start_factor x lr up to lr, then linear down to end_factor x lr at the last step (airbench)."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        total_steps: int,
+        warmup_fraction: float = 0.23,
+        start_factor: float = 0.2,
+        end_factor: float = 0.07,
+    ) -> None:
+        """Plan the schedule.
+
+        Args:
+            optimizer: The optimizer whose learning rate is the peak (given by the model).
+            total_steps: Optimizer steps of the run (given by the model).
+            warmup_fraction: Fraction of the steps spent climbing to the peak.
+            start_factor: First step's learning rate as a fraction of the peak.
+            end_factor: Last step's learning rate as a fraction of the peak.
+        """
+        _check_fraction(warmup_fraction)
+        factor = triangle(total_steps, int(warmup_fraction * total_steps), start_factor, end_factor)
+        super().__init__(optimizer, factor)
+
+
+class Constant(PlannedLambdaLR):
+    """The optimizer's learning rate at every step."""
+
+    def __init__(self, optimizer: Optimizer, total_steps: int) -> None:
+        """Keep the learning rate.
+
+        Args:
+            optimizer: The optimizer (given by the model).
+            total_steps: Optimizer steps of the run (given by the model; unused).
+        """
+        super().__init__(optimizer, constant)
+
+
+def _check_fraction(warmup_fraction: float) -> None:
+    if not 0.0 <= warmup_fraction < 1.0:
+        raise ValueError(f"model.lr_schedule.warmup_fraction must be in [0, 1), got {warmup_fraction}")
 
 
 def triangle(total_steps: int, peak_step: int, start: float, end: float) -> Callable[[int], float]:
@@ -98,27 +172,3 @@ def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]
 
 def constant(step: int) -> float:
     return 1.0
-
-
-def build_schedule(
-    name: ScheduleName,
-    optimizer: Optimizer,
-    total_steps: int,
-    warmup_fraction: float,
-    start_factor: float,
-    end_factor: float,
-) -> Replanned:
-    """The named schedule over ``total_steps`` optimizer steps (a run of under 3 steps stays constant)."""
-    warmup_steps = int(warmup_fraction * total_steps)
-    if name == "constant" or total_steps < 3:
-        return PlannedLambdaLR(optimizer, constant)
-    if name == "triangle":
-        return PlannedLambdaLR(optimizer, triangle(total_steps, warmup_steps, start_factor, end_factor))
-    if name == "warmup_cosine":
-        return PlannedLambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
-    if name == "onecycle":
-        # OneCycleLR needs at least two warm-up steps and one step after them.
-        warmup_steps = min(max(warmup_steps, 2), total_steps - 1)
-        peak = [group["lr"] for group in optimizer.param_groups]
-        return PlannedOneCycleLR(optimizer, max_lr=peak, total_steps=total_steps, pct_start=warmup_steps / total_steps)
-    raise ValueError(f"model.lr_schedule must be one of {', '.join(get_args(ScheduleName))}; got {name!r}")

@@ -1,0 +1,57 @@
+"""Test-time augmentation: logits averaged over several views of each image.
+
+``model.test_time_augmentation`` names one of these by ``class_path`` (or class name). The
+model calls it with its network and a batch of normalized images at validation, test and
+predict; ``during_fit`` says which validations during ``fit`` pay for the extra views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Network = Callable[[Tensor], Tensor]
+DuringFit = Literal["final", "every"]
+
+
+class TestTimeAugmentation:
+    """Base class: one view (the image itself); subclasses average more."""
+
+    __test__ = False  # a library class, not a pytest test class
+
+    def __init__(self, during_fit: DuringFit = "final") -> None:
+        """Choose where the views are spent.
+
+        Args:
+            during_fit: Which validations during fit average the views: final (the last one; the others
+                see one view, which is cheaper) or every one. validate/test/predict always do.
+        """
+        if during_fit not in ("final", "every"):
+            raise ValueError(f"model.test_time_augmentation.during_fit must be final or every, got {during_fit!r}")
+        self.during_fit = during_fit
+
+    def __call__(self, network: Network, images: Tensor) -> Tensor:
+        return network(images)
+
+
+class Flip(TestTimeAugmentation):
+    """The image and its mirror image (two views)."""
+
+    def __call__(self, network: Network, images: Tensor) -> Tensor:
+        return 0.5 * network(images) + 0.5 * network(images.flip(-1))
+
+
+class FlipTranslate(Flip):
+    """airbench94's six views: the mirror pair, weighted 1/2, and the pairs shifted one pixel up-left and down-right."""
+
+    def __call__(self, network: Network, images: Tensor) -> Tensor:
+        height, width = images.shape[-2:]
+        padded = F.pad(images, (1, 1, 1, 1), mode="reflect")
+        shifted = (padded[..., :height, :width], padded[..., 2:, 2:])
+        mirrored = super().__call__
+        shifted_logits = torch.stack([mirrored(network, view) for view in shifted]).mean(0)
+        return 0.5 * mirrored(network, images) + 0.5 * shifted_logits
