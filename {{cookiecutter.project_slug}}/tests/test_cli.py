@@ -178,3 +178,12 @@ def test_an_own_network_plugs_in_through_the_config_alone(tmp_path):
                      *own, cwd=tmp_path)  # fmt: skip
     assert "test/top1" in result.stdout
     assert isinstance(ImageClassifier.load_from_checkpoint(last).backbone, TinyNet)
+
+
+def test_help_names_the_parts_and_documents_their_options(tmp_path):
+    text = " ".join(run_cli("fit", "--help", cwd=tmp_path).stdout.split())  # unwrapped
+    assert "(models/backbones.py: FastCNN, AirBench, CifarResNet; or your own nn.Module)" in text
+    assert "torchvision.models" not in text  # not every nn.Module torchvision defines
+    assert "(models/schedules.py: OneCycle, WarmupCosine, Triangle, Constant;" in text
+    part = " ".join(run_cli("fit", "--model.backbone.help", "AirBench", cwd=tmp_path).stdout.split())
+    assert "--model.backbone.width WIDTH Channels of the first group" in part

@@ -60,6 +60,11 @@ class TrainerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for key in ("num_classes", "class_names", "mean", "std"):
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
+        for action in parser._actions:
+            # The help names the project's networks (the docstring); jsonargparse would append every
+            # nn.Module subclass that torch and torchvision define, some 600 lines.
+            if action.dest == "model.backbone":
+                action.extra_help = lambda: ""
         parser.add_argument(
             "--allow_config_change",
             type=bool,

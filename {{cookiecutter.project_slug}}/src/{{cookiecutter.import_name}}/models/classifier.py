@@ -93,6 +93,8 @@ class ImageClassifier(L.LightningModule):
         self.normalize = Normalize(mean, std)
         self.backbone = (backbone or FastCNN)(num_classes)
         self.lr_schedule = lr_schedule or OneCycle
+        # Built once against a stand-in optimizer: a bad schedule option fails now, before a run starts.
+        self.lr_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), 100)
         self.test_time_augmentation = test_time_augmentation or TestTimeAugmentation()
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
