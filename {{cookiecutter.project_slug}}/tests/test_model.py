@@ -196,3 +196,17 @@ def test_data_fitted_layers_ask_for_training_images_by_a_named_interface():
     model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH)
     with pytest.raises(ValueError, match="TrainingImages"):
         WhiteningFit().setup(SimpleNamespace(datamodule=L.LightningDataModule()), model, "fit")
+
+
+@pytest.mark.parametrize(
+    ("network", "complaint"),
+    [
+        (torch.nn.Identity, r"maps a \(1, 3, 32, 32\) image to \(1, 3, 32, 32\)"),
+        (torch.nn.Linear, r"Linear\(10\) cannot be built"),
+        (torch.nn.Flatten, "cannot classify"),
+    ],
+)
+def test_a_backbone_that_does_not_take_num_classes_first_is_refused_at_construction(network, complaint):
+    with pytest.raises(ValueError, match=complaint) as refused:
+        ImageClassifier(num_classes=10, backbone=network)
+    assert "model.backbone must be a class taking num_classes first" in str(refused.value)

@@ -94,6 +94,7 @@ BAD_INPUTS = [
     ("val-size-too-large", ["--data.val_size=100000", "--trainer.max_epochs=2"], 2, "data.val_size"),
     ("batch-too-large", ["--data.batch_size=100000", "--trainer.max_epochs=2"], 2, "data.batch_size"),
     ("bad-value", ["--model.lr_schedule.warmup_fraction=2"], 2, "model.lr_schedule.warmup_fraction"),
+    ("network-without-num-classes", ["--model.backbone=torch.nn.Identity"], 2, "model.backbone Identity("),
     ("output-not-a-folder", ["--trainer.logger.init_args.save_dir=a_file/runs"], 1, "save_dir"),
     (
         "extension-failing-before-its-first-step",
