@@ -120,14 +120,26 @@ def test_print_config_shows_the_resolved_config(tmp_path):
 
 @pytest.mark.parametrize(
     ("arg", "complaint"),
-    [("--model.widht=4", "widht"), ("--data.batch_size=many", "batch_size"), ("--model.backbone=vgg", "vgg")],
+    [
+        ("--model.widht=4", "error: unrecognized arguments: --model.widht=4; see main.py fit --help"),
+        ("--data.batch_size=many", "error: data.batch_size: expected int, got many; see"),
+        ("--model.backbone=vgg", "error: model.backbone: Expected a path but vgg either not accessible"),
+        ("--model.backbone.depth=20", "error: model.backbone.depth: expected one of 18, 34, 50, got 20; see"),
+        ("--data.dataset=cifar11", "error: data.dataset: expected one of 'cifar10', 'cifar100', got cifar11; see"),
+    ],
 )
-def test_bad_config_is_refused_with_the_key_named(tmp_path, monkeypatch, capsys, arg, complaint):
+def test_bad_config_is_refused_in_one_line_with_the_key_named(tmp_path, monkeypatch, capsys, arg, complaint):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["main.py"])
+    network = ["--model.backbone=CifarResNet"] if "depth" in arg else []
     with pytest.raises(SystemExit) as exit_info:
-        TrainerCLI(args=["fit", "--config", str(default_config()), arg])
-    assert exit_info.value.code != 0 and complaint in capsys.readouterr().err
+        TrainerCLI(args=["fit", "--config", str(default_config()), *network, arg])
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(errors) == 1 and errors[0].startswith(complaint)
+    monkeypatch.setenv("FULL_ERROR", "1")  # jsonargparse's own report, usage included
+    with pytest.raises(SystemExit):
+        TrainerCLI(args=["fit", "--config", str(default_config()), *network, arg])
+    assert "usage:" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 

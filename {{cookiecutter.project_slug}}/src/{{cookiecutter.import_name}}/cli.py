@@ -8,8 +8,9 @@ class is built, so a refused command writes nothing. Mistakes are reported in on
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -18,7 +19,7 @@ from .checkpointing import read_checkpoint
 from .data import CifarDataModule
 from .data.archive import fingerprint
 from .data.cifar_format import FORMATS
-from .errors import UsageError, exit_with
+from .errors import USAGE, UsageError, exit_with, full_error_wanted, parse_error_line
 from .models import ImageClassifier
 from .noise import silence_known_noise
 from .run_record import RunRecord
@@ -38,6 +39,18 @@ def data_fingerprint(data: Namespace) -> str:
     )
 
 
+class ArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with a bad option or value reported in one line instead of a page of usage."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or full_error_wanted():  # jsonargparse is trying alternatives, or asked to
+            super().error(message, ex)
+        command = " ".join(self.prog.replace("[options]", "").split())
+        hint = f"see {command} --help (FULL_ERROR=1: the full report)"
+        print(f"error: {parse_error_line(message)}; {hint}", file=sys.stderr)
+        raise SystemExit(USAGE)
+
+
 class TrainerCLI(LightningCLI):
     """``python main.py {fit,validate,test,predict} [--config configs/...yaml] ...``."""
 
@@ -52,6 +65,7 @@ class TrainerCLI(LightningCLI):
         kwargs.setdefault("save_config_callback", RunRecord if runs else None)
         # The model takes its optimizer as an argument (model.optimizer), so no top-level group.
         kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("parser_class", ArgumentParser)
         if default_config is not None:
             defaults = {"default_config_files": [str(default_config)]}
             kwargs.setdefault("parser_kwargs", dict.fromkeys(SUBCOMMANDS, defaults) if runs else defaults)

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 
 DEBUG_VARIABLE = "FULL_ERROR"
+# Lines of jsonargparse's report that a one-line error leaves out.
+PARSE_ERROR_NOISE = (
+    "Expected a <class 'NoneType'>",
+    "Does not validate against any of the Union subtypes",
+    "Subtypes:",
+    "Errors:",
+    "Given value",
+)
 USAGE, RUNTIME = 2, 1
 
 
@@ -42,10 +51,39 @@ def as_user_error(error: BaseException) -> UserError | None:
     return None
 
 
+def full_error_wanted() -> bool:
+    return os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+
+
+def parse_error_line(message: str) -> str:
+    """jsonargparse's report on a bad option or config value, in one line: the full key and the innermost reason.
+
+    The report nests one ``Parser key "...":`` section per level (``model.backbone``, then its
+    ``depth``) and lists why each accepted type refused the value; the ``None`` of an optional value
+    refusing it, the type list and the echoed value say nothing the line needs.
+    """
+    keys = re.findall(r'Parser key "([^"]+)":', message)
+    if not keys:
+        return " ".join(line.strip() for line in message.splitlines() if line.strip())
+    innermost = message.rsplit(f'Parser key "{keys[-1]}":', 1)[1]
+    reasons = []
+    for line in innermost.splitlines():
+        line = line.strip().removeprefix("- ")
+        if line and not line.startswith(PARSE_ERROR_NOISE):
+            reasons.append(re.sub(r"\. Got value: Namespace\(.*$", "", line))
+    reason = "; ".join(reasons).replace(". Got value: ", ", got ")
+    reason = re.sub(r"Expected a typing\.Literal\[(.*?)\]", r"expected one of \1", reason)
+    reason = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", reason)
+    given = re.findall(r"^\s*Given value: (.*)$", message, re.MULTILINE)
+    if given and not given[-1].startswith("NestedArg(") and given[-1] not in reason:
+        reason += f", got {given[-1]}"
+    return f"{'.'.join(keys)}: {reason}"
+
+
 def exit_with(error: BaseException) -> None:
     """Print ``error`` as one line and exit, unless it is a bug (or ``FULL_ERROR`` is set): then re-raise it."""
     user_error = as_user_error(error)
-    if user_error is None or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0"):
+    if user_error is None or full_error_wanted():
         raise error
     message = " ".join(line.strip() for line in str(user_error).splitlines() if line.strip())  # one line
     print(f"error: {message}", file=sys.stderr)
