@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from .backbones import BackboneFactory, FastCNN
+from .backbones import BackboneFactory, FastCNN, build_backbone
 from .schedules import OneCycle, Replanned, ScheduleFactory
 from .test_time import TestTimeAugmentation
 
@@ -33,40 +33,6 @@ class Normalize(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return images.float() * self.scale - self.shift
-
-
-def build_backbone(backbone: BackboneFactory, num_classes: int) -> nn.Module:
-    """Build the network and run one image through it: a class that does not take num_classes first fails here."""
-    # The class behind a class, a functools.partial of one, or jsonargparse's partial of one.
-    candidates = (backbone, getattr(backbone, "func", None), *getattr(backbone, "args", ()))
-    name = next((candidate.__name__ for candidate in candidates if isinstance(candidate, type)), "backbone")
-    try:
-        network = backbone(num_classes)
-    except TypeError as error:
-        raise ValueError(
-            f"model.backbone {name}({num_classes}) cannot be built ({error}); model.backbone must be a class "
-            "taking num_classes first"
-        ) from error
-    if not isinstance(network, nn.Module):
-        raise ValueError(f"model.backbone must build an nn.Module, got {type(network).__name__}")
-    training = network.training
-    try:
-        with torch.no_grad():
-            logits = network.eval()(torch.zeros(1, 3, 32, 32))
-    except Exception as error:
-        raise ValueError(
-            f"model.backbone {type(network).__name__}({num_classes}) cannot classify a (1, 3, 32, 32) image "
-            f"({type(error).__name__}: {error}); model.backbone must be a class taking num_classes first"
-        ) from error
-    finally:
-        network.train(training)
-    if tuple(logits.shape) != (1, num_classes):
-        raise ValueError(
-            f"model.backbone {type(network).__name__}({num_classes}) maps a (1, 3, 32, 32) image to "
-            f"{tuple(logits.shape)}, not to (1, {num_classes}) logits; model.backbone must be a class taking "
-            "num_classes first"
-        )
-    return network
 
 
 class ImageClassifier(L.LightningModule):
