@@ -17,7 +17,7 @@ the first stage still sees the full image.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -199,8 +199,9 @@ class CifarResNet(ResNet):
             num_classes: Number of classes (given by the model).
             depth: 18, 34 (basic blocks) or 50 (bottleneck blocks).
         """
-        if depth not in RESNET_LAYOUTS:
-            raise ValueError(f"model.backbone.depth must be one of 18, 34, 50, got {depth}")
+        if depth not in get_args(ResNetDepth):
+            allowed = ", ".join(str(value) for value in get_args(ResNetDepth))
+            raise ValueError(f"model.backbone.depth must be one of {allowed}, got {depth}")
         block, layers = RESNET_LAYOUTS[depth]
         super().__init__(block, layers, num_classes=num_classes)
         self.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
