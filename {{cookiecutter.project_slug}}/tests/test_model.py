@@ -10,7 +10,13 @@ from {{ cookiecutter.import_name }}.callbacks import WhiteningFit
 from {{ cookiecutter.import_name }}.data import CifarDataModule, TrainingImages
 from {{ cookiecutter.import_name }}.errors import UsageError
 from {{ cookiecutter.import_name }}.models import ImageClassifier
-from {{ cookiecutter.import_name }}.models.backbones import AirBench, CifarResNet, FastCNN, IdentityInitConv, PatchWhitening
+from {{ cookiecutter.import_name }}.models.backbones import (
+    AirBench,
+    CifarResNet,
+    FastCNN,
+    IdentityInitConv,
+    PatchWhitening,
+)
 from {{ cookiecutter.import_name }}.models.schedules import Triangle, triangle
 from {{ cookiecutter.import_name }}.models.test_time import Flip, FlipTranslate
 
