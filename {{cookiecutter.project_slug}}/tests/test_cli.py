@@ -9,7 +9,8 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from {{ cookiecutter.import_name }}.cli import TrainerCLI
+from {{ cookiecutter.import_name }}.cli import TrainerCLI, main
+from {{ cookiecutter.import_name }}.export.onnx_export import ExportError, load_model
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 from .conftest import (
@@ -133,12 +134,12 @@ def test_bad_config_is_refused_in_one_line_with_the_key_named(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", ["main.py"])
     network = ["--model.backbone=CifarResNet"] if "depth" in arg else []
     with pytest.raises(SystemExit) as exit_info:
-        TrainerCLI(args=["fit", "--config", str(default_config()), *network, arg])
+        main(default_config(), ["fit", *network, arg])
     errors = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(errors) == 1 and errors[0].startswith(complaint)
     monkeypatch.setenv("FULL_ERROR", "1")  # jsonargparse's own report, usage included
     with pytest.raises(SystemExit):
-        TrainerCLI(args=["fit", "--config", str(default_config()), *network, arg])
+        main(default_config(), ["fit", *network, arg])
     assert "usage:" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
@@ -190,6 +191,13 @@ def test_an_own_network_plugs_in_through_the_config_alone(tmp_path):
                      *own, cwd=tmp_path)  # fmt: skip
     assert "test/top1" in result.stdout
     assert isinstance(ImageClassifier.load_from_checkpoint(last).backbone, TinyNet)
+    # Where the network's module cannot be imported, the export says so in one line.
+    checkpoint = torch.load(last, weights_only=True)
+    checkpoint["hyper_parameters"]["backbone"]["class_path"] = "not_installed.TinyNet"
+    torch.save(checkpoint, tmp_path / "moved.ckpt")
+    with pytest.raises(ExportError, match=r"model\.backbone: No module named 'not_installed'") as refused:
+        load_model(tmp_path / "moved.ckpt")
+    assert "\n" not in str(refused.value)
 
 
 def test_help_names_the_parts_and_documents_their_options(tmp_path):

@@ -8,7 +8,6 @@ class is built, so a refused command writes nothing. Mistakes are reported in on
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,7 +18,7 @@ from .checkpointing import read_checkpoint
 from .data import CifarDataModule
 from .data.archive import fingerprint
 from .data.cifar_format import FORMATS
-from .errors import USAGE, UsageError, exit_with, full_error_wanted, parse_error_line
+from .errors import UsageError, exit_with, full_error_wanted, parse_error_line
 from .models import ImageClassifier
 from .noise import silence_known_noise
 from .run_record import RunRecord
@@ -39,16 +38,14 @@ def data_fingerprint(data: Namespace) -> str:
     )
 
 
-class ArgumentParser(LightningArgumentParser):
+class OneLineErrorParser(LightningArgumentParser):
     """LightningCLI's parser, with a bad option or value reported in one line instead of a page of usage."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or full_error_wanted():  # jsonargparse is trying alternatives, or asked to
             super().error(message, ex)
         command = " ".join(self.prog.replace("[options]", "").split())
-        hint = f"see {command} --help (FULL_ERROR=1: the full report)"
-        print(f"error: {parse_error_line(message)}; {hint}", file=sys.stderr)
-        raise SystemExit(USAGE)
+        raise UsageError(f"{parse_error_line(message)}; see {command} --help (FULL_ERROR=1: the full report)")
 
 
 class TrainerCLI(LightningCLI):
@@ -65,7 +62,7 @@ class TrainerCLI(LightningCLI):
         kwargs.setdefault("save_config_callback", RunRecord if runs else None)
         # The model takes its optimizer as an argument (model.optimizer), so no top-level group.
         kwargs.setdefault("auto_configure_optimizers", False)
-        kwargs.setdefault("parser_class", ArgumentParser)
+        kwargs.setdefault("parser_class", OneLineErrorParser)
         if default_config is not None:
             defaults = {"default_config_files": [str(default_config)]}
             kwargs.setdefault("parser_kwargs", dict.fromkeys(SUBCOMMANDS, defaults) if runs else defaults)

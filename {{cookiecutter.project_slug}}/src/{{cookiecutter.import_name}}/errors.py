@@ -70,6 +70,7 @@ def parse_error_line(message: str) -> str:
     for line in innermost.splitlines():
         line = line.strip().removeprefix("- ")
         if line and not line.startswith(PARSE_ERROR_NOISE):
+            line = re.sub(r"^Type .* expects a function or a callable class: ", "", line)
             reasons.append(re.sub(r"\. Got value: Namespace\(.*$", "", line))
     reason = "; ".join(reasons).replace(". Got value: ", ", got ")
     reason = re.sub(r"Expected a typing\.Literal\[(.*?)\]", r"expected one of \1", reason)

@@ -32,8 +32,8 @@ class ModelCost:
 
     def describe(self) -> str:
         return (
-            f"{self.params / 1e6:.3f} M parameters, {self.macs_per_image / 1e6:.1f} M MACs "
-            f"({self.flops_per_image / 1e9:.3f} GFLOPs) per image"
+            f"{self.params / 1e6:.3g} M parameters, {self.macs_per_image / 1e6:.3g} M MACs "
+            f"({self.flops_per_image / 1e9:.3g} GFLOPs) per image"  # three digits, however small the network
         )
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..checkpointing import CheckpointError, read_checkpoint
+from ..errors import parse_error_line
 from ..models import ImageClassifier
 
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
@@ -51,7 +52,9 @@ def load_model(ckpt_path: Path) -> tuple[ImageClassifier, dict]:
     try:
         model = ImageClassifier.load_from_checkpoint(ckpt_path, map_location="cpu")
     except Exception as error:  # a checkpoint of another model fails in many ways
-        raise ExportError(f"{ckpt_path} does not rebuild an ImageClassifier: {error}") from error
+        # One line; e.g. "model.backbone: No module named 'my_nets'" for a network that is not importable here.
+        reason = parse_error_line(str(error)).replace("module.", "model.", 1)
+        raise ExportError(f"{ckpt_path} does not rebuild an ImageClassifier: {reason}") from error
     return model.eval(), checkpoint
 
 
