@@ -1,6 +1,10 @@
-"""Turn a checkpoint into a verified, deployable ONNX model and its model card.
+"""Turn a checkpoint into deployable files, each checked and judged on the run's test split, with a model card.
 
-python export.py --ckpt_path runs/{{ cookiecutter.dataset }}/<hash>/checkpoints/last.ckpt [--output model.onnx]
+python export.py --ckpt_path runs/{{ cookiecutter.dataset }}/<hash>/checkpoints/last.ckpt [--output_dir DIR] [--formats onnx,int8,pt2]
+
+Writes model.onnx (fp32), model.int8.onnx (static int8, calibrated on training images) and
+model.pt2 (torch.export), plus model.card.json and model.card.md, into DIR (default: export/
+beside the checkpoint); all of them or, if any check fails, none.
 """
 
 from __future__ import annotations
@@ -8,44 +12,60 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-from {{ cookiecutter.import_name }}.export.model_card import build_card, write_card
-from {{ cookiecutter.import_name }}.export.onnx_export import ExportError, export_onnx, load_model, verify
-from {{ cookiecutter.import_name }}.model_cost import model_cost
+from {{ cookiecutter.import_name }}.errors import exit_with
+from {{ cookiecutter.import_name }}.export.artifacts import FORMATS, ExportOptions, export_artifacts
+from {{ cookiecutter.import_name }}.export.model_card import table
+from {{ cookiecutter.import_name }}.export.quantize import CALIBRATION_METHODS
+from {{ cookiecutter.import_name }}.noise import silence_known_noise
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt_path", type=Path, required=True, help="checkpoint written by main.py fit")
-    parser.add_argument("--output", type=Path, help="the .onnx file to write (default: beside the checkpoint)")
-    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
-    parser.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| vs PyTorch")
-    return parser.parse_args(argv)
+def formats(value: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A bad option is one line, as in main.py, not a page of usage."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}; see python export.py --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> ExportOptions:
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--ckpt_path", type=Path, required=True, help="checkpoint written by main.py fit")
+    add("--output_dir", type=Path, help="folder for the files (default: export/ beside the checkpoint)")
+    add("--formats", type=formats, default=FORMATS, help=f"comma-separated, of {','.join(FORMATS)} (default: all)")
+    add("--data_dir", type=Path, help="folder with the run's dataset archive or cache (default: the run's data.data_dir)")
+    add("--calibration_images", type=int, default=512, help="training images that calibrate int8 (default: 512)")
+    add("--calibration_method", choices=CALIBRATION_METHODS, default="minmax", help="int8 activation ranges")
+    add("--int8_symmetric", action="store_true", help="symmetric int8 activations, as TensorRT needs them")
+    add("--max_int8_drop", type=float, default=1.0, help="most top-1 points int8 may lose against fp32 (default: 1)")
+    add("--eval_limit", type=int, help="evaluate the first N test images only (default: the whole split; 0: none)")
+    add("--eval_batch_size", type=int, default=256, help="images per evaluation batch")
+    add("--opset", type=int, default=None, help="ONNX opset (default: the exporter's, at least 18)")
+    add("--tolerance", type=float, default=1e-4, help="max |logit difference| of fp32 files against PyTorch")
+    return ExportOptions(**vars(parser.parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    output = args.output or args.ckpt_path.with_suffix(".onnx")
+    silence_known_noise()
+    options = parse_args(argv)
     try:
-        model, checkpoint = load_model(args.ckpt_path)
-        export_onnx(model, output, opset=args.opset)
-        parity = verify(model, output, tolerance=args.tolerance)
-        if not parity.ok:
-            output.unlink()
-            print(
-                f"error: onnxruntime does not reproduce PyTorch: max |logit diff| {parity.max_abs_diff:.3e} "
-                f"(tolerance {parity.tolerance:.0e}), argmax equal: {parity.argmax_equal}; {output} was removed",
-                file=sys.stderr,
-            )
-            return 1
-        cost = model_cost(model.network())
-        card = build_card(model, checkpoint, args.ckpt_path, output, cost, parity)
-        json_card, markdown_card = write_card(card, output)
-    except ExportError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {output} ({cost.describe()}); parity {parity.max_abs_diff:.2e} at batch sizes {parity.batch_sizes}")
-    print(f"model card: {json_card} and {markdown_card}")
+        card, written = export_artifacts(options)
+    except Exception as error:  # a user's mistake or a failed check: one line (FULL_ERROR=1: the traceback)
+        exit_with(error)
+    print(table(card))
+    if card["int8"]:
+        int8 = card["int8"]
+        print(f"int8: {int8['top1_drop_points']:+.2f} points of top-1 against fp32, same class on "
+              f"{100 * int8['top1_agreement']:.2f} % of the images")  # fmt: skip
+    if card["evaluation"].get("skipped"):
+        print(f"accuracy not measured: {card['evaluation']['skipped']}")
+    print(f"wrote {', '.join(str(path) for path in written)}")
     return 0
 
 

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from {{ cookiecutter.import_name }}.cli import TrainerCLI, main
-from {{ cookiecutter.import_name }}.export.onnx_export import ExportError, load_model
+from {{ cookiecutter.import_name }}.export.source import ExportError, load_model
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 from .conftest import (

@@ -6,7 +6,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
-from {{ cookiecutter.import_name }}.export.onnx_export import export_onnx, load_model, verify
+from {{ cookiecutter.import_name }}.export.evaluation import measure_parity, onnx_predictor, torch_predictor
+from {{ cookiecutter.import_name }}.export.onnx_export import export_onnx
+from {{ cookiecutter.import_name }}.export.source import load_model
 from {{ cookiecutter.import_name }}.models.backbones import AirBench, PatchWhitening
 from {{ cookiecutter.import_name }}.models.test_time import FlipTranslate
 
@@ -51,4 +53,4 @@ def test_fast_recipe_trains_evaluates_with_tta_and_exports(tmp_path):
 
     output = tmp_path / "fast.onnx"
     export_onnx(model, output)
-    assert verify(model, output, tolerance=1e-4).ok
+    assert measure_parity(torch_predictor(model), onnx_predictor(output), tolerance=1e-4).ok

@@ -1,4 +1,4 @@
-"""A model card beside the exported file: what goes in, what comes out, what it cost, where it came from."""
+"""The model card beside the exported files: what goes in and out, what each artifact scores, where it came from."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from pathlib import Path
 
 from ..model_cost import ModelCost
 from ..models import ImageClassifier
-from .onnx_export import INPUT_NAME, OUTPUT_NAME, Parity
+from ..models.test_time import TestTimeAugmentation
+from .source import INPUT_NAME, OUTPUT_NAME
+
+CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
 
 
 def backbone_settings(model: ImageClassifier, checkpoint: dict) -> dict:
@@ -20,11 +23,21 @@ def backbone_settings(model: ImageClassifier, checkpoint: dict) -> dict:
 
 
 def build_card(
-    model: ImageClassifier, checkpoint: dict, ckpt_path: Path, onnx_path: Path, cost: ModelCost, parity: Parity
+    model: ImageClassifier,
+    checkpoint: dict,
+    ckpt_path: Path,
+    cost: ModelCost,
+    artifacts: dict[str, dict],
+    eager: dict | None,
+    evaluation: dict,
+    int8: dict | None,
 ) -> dict:
+    """``artifacts``: per format, its file, runtime, size, parity and accuracy; ``eager``: PyTorch's accuracy."""
     hparams = model.hparams
+    tta = type(model.test_time_augmentation)
+    run_tta = None if tta is TestTimeAugmentation else tta.__name__  # the files compute one view; say if the run did more
     return {
-        "model": {"file": onnx_path.name, "format": "onnx", "backbone": backbone_settings(model, checkpoint)},
+        "network": backbone_settings(model, checkpoint),
         "input": {
             "name": INPUT_NAME,
             "dtype": "uint8",
@@ -34,12 +47,7 @@ def build_card(
             "mean": list(hparams.mean),
             "std": list(hparams.std),
         },
-        "output": {
-            "name": OUTPUT_NAME,
-            "dtype": "float32",
-            "shape": ["batch", hparams.num_classes],
-            "meaning": "logits",
-        },
+        "output": {"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", hparams.num_classes], "meaning": "logits"},
         "class_names": list(model.class_names),
         "cost": cost.as_dict(),
         "source": {
@@ -48,14 +56,35 @@ def build_card(
             "global_step": checkpoint.get("global_step"),
             "config_hash": checkpoint.get("config_hash"),
         },
-        "parity": {
-            "runtime": "onnxruntime CPUExecutionProvider",
-            "batch_sizes": list(parity.batch_sizes),
-            "max_abs_logit_diff": parity.max_abs_diff,
-            "tolerance": parity.tolerance,
-            "argmax_equal": parity.argmax_equal,
-        },
+        "evaluation": {**evaluation, "test_time_augmentation_of_the_run": run_tta},
+        "eager": eager,
+        "artifacts": artifacts,
+        "int8": int8,
     }
+
+
+def percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.2f} %"
+
+
+def accuracy_rows(card: dict) -> list[tuple[str, str, str, str, str]]:
+    """(artifact, runtime, top-1, top-5, size) per row: eager first, then each file."""
+    eager = card["eager"] or {}
+    rows = [("PyTorch eager", "torch", percent(eager.get("top1")), percent(eager.get("top5")), "-")]
+    for artifact in card["artifacts"].values():
+        accuracy = artifact.get("accuracy") or {}
+        size = f"{artifact['bytes'] / 2**20:.2f} MB"
+        rows.append(
+            (artifact["file"], artifact["runtime"], percent(accuracy.get("top1")), percent(accuracy.get("top5")), size)
+        )
+    return rows
+
+
+def table(card: dict) -> str:
+    """The accuracy table, in Markdown (the card and the command's closing output alike)."""
+    lines = ["| artifact | runtime | top-1 | top-5 | size |", "| --- | --- | --- | --- | --- |"]
+    lines += ["| " + " | ".join(row) + " |" for row in accuracy_rows(card)]
+    return "\n".join(lines)
 
 
 def network_line(backbone: dict) -> str:
@@ -63,14 +92,44 @@ def network_line(backbone: dict) -> str:
     return f"{backbone['class_path'].rpartition('.')[2]}({settings})"
 
 
+def evaluation_line(evaluation: dict) -> str:
+    if evaluation.get("skipped"):
+        return f"- Accuracy: not measured ({evaluation['skipped']})"
+    run_tta = evaluation.get("test_time_augmentation_of_the_run")
+    tta = f" (the run's own evaluation averages {run_tta} views; these files compute one)" if run_tta else ""
+    return (
+        f"- Accuracy on the {evaluation['dataset']} {evaluation['split']} split: {evaluation['images']:,} of "
+        f"{evaluation['split_images']:,} images from {evaluation['data_dir']}, one view per image{tta}"
+    )
+
+
+def int8_lines(int8: dict | None) -> list[str]:
+    if not int8:
+        return []
+    calibration = int8["calibration"]
+    return [
+        f"- int8: {int8['top1_drop_points']:+.2f} points of top-1 against fp32 ONNX (limit {int8['max_drop_points']}), "
+        f"same top-1 class on {percent(int8['top1_agreement'])} of the images",
+        f"- int8 calibration: {calibration['images']} {calibration['source']} images, {calibration['method']}; "
+        f"{calibration['quant_format']}, activations {calibration['activations']}, weights {calibration['weights']}",
+    ]
+
+
 def markdown(card: dict) -> str:
-    cost, source, parity = card["cost"], card["source"], card["parity"]
+    cost, source = card["cost"], card["source"]
     names = ", ".join(card["class_names"][:20]) + (" ..." if len(card["class_names"]) > 20 else "")
+    parities = [
+        f"- {artifact['file']} against PyTorch eager: max |logit diff| {parity['max_abs_logit_diff']:.2e} "
+        f"(tolerance {parity['tolerance']:.0e}) at batch sizes {parity['batch_sizes']}, "
+        f"argmax equal: {parity['argmax_equal']}"
+        for artifact in card["artifacts"].values()
+        if (parity := artifact["parity"])
+    ]
     return "\n".join(
         [
-            f"# Model card: {card['model']['file']}",
+            "# Model card",
             "",
-            f"- Network: {network_line(card['model']['backbone'])}",
+            f"- Network: {network_line(card['network'])}",
             f"- Input `{card['input']['name']}`: uint8 {card['input']['shape']}, {card['input']['layout']}; "
             f"{card['input']['normalization']}, mean {card['input']['mean']}, std {card['input']['std']}",
             f"- Output `{card['output']['name']}`: float32 {card['output']['shape']} logits",
@@ -79,16 +138,16 @@ def markdown(card: dict) -> str:
             f"FLOPs per image: {cost['flops_per_image']:,}",
             f"- From: {source['checkpoint']} (epoch {source['epoch']}, step {source['global_step']}, "
             f"config hash {source['config_hash']})",
-            f"- onnxruntime parity at batch sizes {parity['batch_sizes']}: max |logit diff| "
-            f"{parity['max_abs_logit_diff']:.2e} (tolerance {parity['tolerance']:.0e}), "
-            f"argmax equal: {parity['argmax_equal']}",
+            evaluation_line(card["evaluation"]),
+            *int8_lines(card["int8"]),
+            *parities,
+            "",
+            table(card),
             "",
         ]
     )
 
 
-def write_card(card: dict, onnx_path: Path) -> tuple[Path, Path]:
-    json_path, md_path = onnx_path.with_suffix(".card.json"), onnx_path.with_suffix(".card.md")
+def write_card(card: dict, json_path: Path, markdown_path: Path) -> None:
     json_path.write_text(json.dumps(card, indent=2) + "\n")
-    md_path.write_text(markdown(card))
-    return json_path, md_path
+    markdown_path.write_text(markdown(card))
