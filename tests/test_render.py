@@ -43,6 +43,7 @@ COMMON_FILES = {
     "scripts/lock.sh",
     "scripts/slurm.sbatch",
     "scripts/tensorboard_screenshots.py",
+    "scripts/tensorrt_engine.sh",
     "benchmarks/bench_data.py",
     "benchmarks/bench_infer.py",
     "benchmarks/bench_step.py",
@@ -66,6 +67,7 @@ COMMON_FILES = {
     "tests/test_reproducibility.py",
     "tests/test_runs.py",
     "tests/test_tensorboard_pages.py",
+    "tests/test_tensorrt.py",
 }
 PACKAGE_FILES = {
     "__init__.py",

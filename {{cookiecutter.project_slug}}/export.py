@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     add("--ckpt_path", type=Path, required=True, help="checkpoint written by main.py fit")
     add("--output_dir", type=Path, help="folder for the files (default: export/ beside the checkpoint)")
     add("--formats", type=formats, default=FORMATS, help=f"comma-separated, of {','.join(FORMATS)} (default: all)")
-    add("--data_dir", type=Path, help="folder with the run's dataset archive or cache (default: the run's data.data_dir)")
+    add("--data_dir", type=Path, help="folder with the run's archive or its cache (default: the run's data.data_dir)")
     add("--calibration_images", type=int, default=512, help="training images that calibrate int8 (default: 512)")
     add("--calibration_method", choices=CALIBRATION_METHODS, default="minmax", help="int8 activation ranges")
     add("--int8_symmetric", action="store_true", help="symmetric int8 activations, as TensorRT needs them")

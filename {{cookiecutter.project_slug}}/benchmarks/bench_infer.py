@@ -6,7 +6,7 @@ the project's own export path (int8: static QDQ, calibrated on 512 training imag
 round runs every runtime once, so machine noise hits all of them alike; the last line is one
 JSON object with the figures.
 
-    python benchmarks/bench_infer.py --data_dir data [--ckpt_path CKPT | --config CONFIG] [--device cuda] [--quick]
+    python benchmarks/bench_infer.py --data_dir data [--ckpt_path CKPT | --config CONFIG [options]] [--device cuda]
 
 Without ``--ckpt_path``, the network of ``--config`` (the default config unless told otherwise)
 is measured untrained: speed does not depend on the weights.
@@ -39,15 +39,15 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecut
 Runner = Callable[[np.ndarray], object]
 
 
-def build_model(args: argparse.Namespace) -> tuple[ImageClassifier, str]:
-    """The model and its dataset's name: from a checkpoint, or built by the CLI from a config."""
+def build_model(args: argparse.Namespace, overrides: list[str]) -> tuple[ImageClassifier, str]:
+    """The model and its dataset's name: from a checkpoint, or built by the CLI from a config (and ``overrides``)."""
     if args.ckpt_path:
         model, checkpoint = load_model(args.ckpt_path)
         return model, checkpoint["datamodule_hyper_parameters"]["dataset"]
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cli = TrainerCLI(default_config=DEFAULT_CONFIG, run=False, args=["--config", str(args.config)])
+        cli = TrainerCLI(default_config=DEFAULT_CONFIG, run=False, args=["--config", str(args.config), *overrides])
     return cli.model.eval(), cli.datamodule.format.name
 
 
@@ -106,9 +106,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads for every runtime")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="few calls (smoke test)")
-    args = parser.parse_args()
+    args, overrides = parser.parse_known_args()  # the rest are config options, e.g. --model.backbone.width 32
+    if overrides and args.ckpt_path:
+        parser.error(f"{' '.join(overrides)}: config options apply to --config, not to a checkpoint")
     torch.set_num_threads(args.threads)
-    model, dataset = build_model(args)
+    model, dataset = build_model(args, overrides)
     cache = prepare(args.data_dir, FORMATS[dataset], download=False, verify_checksum=False)
     train = np.load(cache.split("train").images, mmap_mode="r")
     test = np.load(cache.split("test").images, mmap_mode="r")

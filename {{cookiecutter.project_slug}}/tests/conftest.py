@@ -23,6 +23,17 @@ DATASET = FORMATS["{{ cookiecutter.dataset }}"]  # the format the default config
 NUM_TRAIN, NUM_TEST = 192, 64
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu``-marked tests run where a CUDA device is; elsewhere they are skipped, saying why."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (none here)"))
+
+
 def make_images(count: int, num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Random images whose mean colour depends on the label, so a tiny model can learn something."""
     rng = np.random.default_rng(seed)

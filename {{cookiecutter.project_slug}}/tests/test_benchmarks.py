@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .conftest import PROJECT_ROOT, cli_env
+from .conftest import PROJECT_ROOT, cli_env, write_tiny_archive
 
 pytestmark = pytest.mark.slow
 
@@ -50,3 +50,21 @@ def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, options, 
     figures = json.loads(last)
     assert keys <= figures.keys() and all(figures[key] > 0 for key in keys)
     assert any("images/s" in line for line in table)
+
+
+def test_inference_benchmark_measures_every_runtime_at_both_batch_sizes(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "benchmarks" / "bench_infer.py"), "--quick", "--data_dir", "data",
+         "--model.backbone.width=8"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    *table, last = result.stdout.strip().splitlines()
+    figures = json.loads(last)
+    for runtime in ("eager", "onnx_fp32", "onnx_int8"):
+        for batch in (1, 256):
+            assert figures[f"{runtime}_b{batch}_images_per_s"] > 0
+            assert 0 < figures[f"{runtime}_b{batch}_p50_ms"] <= figures[f"{runtime}_b{batch}_p99_ms"]
+    assert figures["eager_vs_eager_b1"] == 1.0 and isinstance(figures["vnni"], bool)
+    assert any("onnx_int8" in line for line in table)

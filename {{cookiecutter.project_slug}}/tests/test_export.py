@@ -73,9 +73,8 @@ def trained(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("export")
     (root / "data").mkdir()
     classes = len(DATASET.class_names)
-    write_archive(
-        root / "data" / DATASET.archive_name, DATASET, *learnable_images(640, classes, 0), *learnable_images(256, classes, 1)
-    )
+    train, test = learnable_images(640, classes, 0), learnable_images(256, classes, 1)
+    write_archive(root / "data" / DATASET.archive_name, DATASET, *train, *test)
     run_cli(
         "fit", "--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={root / 'data'}",
         "--model.backbone.width=16", f"--trainer.max_epochs={EPOCHS}", "--data.batch_size=32", "--data.val_size=64",
@@ -148,18 +147,21 @@ def test_export_ships_three_artifacts_each_judged_on_the_real_test_split(trained
     assert graph_input.type.tensor_type.shape.dim[0].dim_param  # named, dynamic
     assert max(opset.version for opset in graph.opset_import if opset.domain in ("", "ai.onnx")) >= 18
     quantized = onnx.load(str(exported / "model.int8.onnx"))
-    scales = {init.name: init for init in quantized.graph.initializer}
+    constants = {init.name: init for init in quantized.graph.initializer}
+    int8_weights = {name for name, init in constants.items() if init.data_type == onnx.TensorProto.INT8}
     weight_scales = [
-        scales[node.input[1]] for node in quantized.graph.node
-        if node.op_type == "DequantizeLinear" and node.input[0] in scales and scales[node.input[0]].data_type == onnx.TensorProto.INT8
-    ]  # fmt: skip
+        constants[node.input[1]]
+        for node in quantized.graph.node
+        if node.op_type == "DequantizeLinear" and node.input[0] in int8_weights
+    ]
     assert weight_scales and all(len(scale.dims) == 1 and scale.dims[0] > 1 for scale in weight_scales)  # per channel
     for batch in (1, 5):
         assert program(sample_images(batch)).shape == (batch, len(DATASET.class_names))
         assert int8.run(None, {"images": sample_images(batch).numpy()})[0].shape == (batch, len(DATASET.class_names))
 
     stored = torch.load(trained, weights_only=True)
-    assert card["source"]["config_hash"] == stored["config_hash"] and card["source"]["global_step"] == stored["global_step"]
+    assert card["source"]["config_hash"] == stored["config_hash"]
+    assert card["source"]["global_step"] == stored["global_step"]
     assert card["class_names"] == model.class_names and card["input"]["mean"] == list(model.hparams.mean)
     assert card["cost"]["params"] == sum(p.numel() for p in model.parameters())
     for name in ("onnx", "pt2"):
@@ -274,7 +276,8 @@ def test_an_exporter_failure_is_reported_and_leaves_nothing(trained, tmp_path, c
         raise RuntimeError("unsupported operator aten::frobnicate")
 
     monkeypatch.setattr(torch.onnx, "export", unsupported)
-    code, line = refused(capsys, "--ckpt_path", str(trained), "--output_dir", str(tmp_path / "out"), "--formats", "onnx")
+    options = ["--output_dir", str(tmp_path / "out"), "--formats", "onnx"]
+    code, line = refused(capsys, "--ckpt_path", str(trained), *options)
     assert code == 2 and "aten::frobnicate" in line
     assert list(tmp_path.iterdir()) == []
 
@@ -289,8 +292,11 @@ DEEP = {"resnet34", "resnet50"}
 
 @pytest.mark.parametrize(
     "backbone",
-    [pytest.param(factory, id=name, marks=[pytest.mark.slow] if name in DEEP else []) for name, factory in EVERY_BACKBONE.items()],
-)  # fmt: skip
+    [
+        pytest.param(factory, id=name, marks=[pytest.mark.slow] * (name in DEEP))
+        for name, factory in EVERY_BACKBONE.items()
+    ],
+)
 def test_every_shipped_backbone_exports_to_all_three_formats(backbone, tmp_path):
     model = ImageClassifier(num_classes=10, backbone=backbone).eval()
     eager = torch_predictor(model)

@@ -18,8 +18,17 @@ import numpy as np
 
 from ..model_cost import model_cost
 from ..models import ImageClassifier
-from .evaluation import Accuracy, Parity, accuracy, all_logits, measure_parity, onnx_predictor, top1_agreement
-from .evaluation import Predictor, torch_predictor
+from .evaluation import (
+    Accuracy,
+    Parity,
+    Predictor,
+    accuracy,
+    all_logits,
+    measure_parity,
+    onnx_predictor,
+    top1_agreement,
+    torch_predictor,
+)
 from .model_card import CARD_JSON, CARD_MARKDOWN, build_card, write_card
 from .onnx_export import export_onnx
 from .program import export_program, load_program

@@ -35,7 +35,7 @@ def build_card(
     """``artifacts``: per format, its file, runtime, size, parity and accuracy; ``eager``: PyTorch's accuracy."""
     hparams = model.hparams
     tta = type(model.test_time_augmentation)
-    run_tta = None if tta is TestTimeAugmentation else tta.__name__  # the files compute one view; say if the run did more
+    run_tta = None if tta is TestTimeAugmentation else tta.__name__  # the files compute one view: say so
     return {
         "network": backbone_settings(model, checkpoint),
         "input": {
@@ -47,7 +47,12 @@ def build_card(
             "mean": list(hparams.mean),
             "std": list(hparams.std),
         },
-        "output": {"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", hparams.num_classes], "meaning": "logits"},
+        "output": {
+            "name": OUTPUT_NAME,
+            "dtype": "float32",
+            "shape": ["batch", hparams.num_classes],
+            "meaning": "logits",
+        },
         "class_names": list(model.class_names),
         "cost": cost.as_dict(),
         "source": {
