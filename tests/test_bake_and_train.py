@@ -95,3 +95,11 @@ def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
     num_classes = 10 if dataset == "cifar10" else 100
     assert f"logits (2, {num_classes})" in loaded.stdout
     assert "'val/top1'" in loaded.stdout and "'train/loss_step'" in loaded.stdout
+
+    # Ship it as the rendered README says; a one-epoch model on random pixels may lose any amount to int8.
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    run(sys.executable, str(project / "export.py"), "--ckpt_path", str(checkpoint), "--data_dir", str(data_dir),
+        "--max_int8_drop", "100", cwd=tmp_path)  # fmt: skip
+    card = json.loads((checkpoint.parent / "export" / "model.card.json").read_text())
+    assert sorted(card["artifacts"]) == ["int8", "onnx", "pt2"] and card["evaluation"]["images"] == 32
+    assert len(card["class_names"]) == num_classes and card["source"]["config_hash"].startswith(run_dir.name)

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from {{ cookiecutter.import_name }}.errors import exit_with
 from {{ cookiecutter.import_name }}.export.artifacts import FORMATS, ExportOptions, export_artifacts
-from {{ cookiecutter.import_name }}.export.model_card import table
+from {{ cookiecutter.import_name }}.export.model_card import int8_change, table
 from {{ cookiecutter.import_name }}.export.quantize import CALIBRATION_METHODS
 from {{ cookiecutter.import_name }}.noise import silence_known_noise
 
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(card))
     if card["int8"]:
         int8 = card["int8"]
-        print(f"int8: {int8['top1_drop_points']:+.2f} points of top-1 against fp32, same class on "
-              f"{100 * int8['top1_agreement']:.2f} % of the images")  # fmt: skip
+        change, agreement = int8_change(int8["top1_drop_points"]), 100 * int8["top1_agreement"]
+        print(f"int8 {change} of top-1 against fp32, the same class on {agreement:.2f} % of the images")
     if card["evaluation"].get("skipped"):
         print(f"accuracy not measured: {card['evaluation']['skipped']}")
     print(f"wrote {', '.join(str(path) for path in written)}")

@@ -167,7 +167,7 @@ def test_export_ships_three_artifacts_each_judged_on_the_real_test_split(trained
     for name in ("onnx", "pt2"):
         assert card["artifacts"][name]["parity"]["max_abs_logit_diff"] <= 1e-4
     text = (exported / "model.card.md").read_text()
-    assert "| model.int8.onnx |" in text and "points of top-1 against fp32" in text and "config hash" in text
+    assert "| model.int8.onnx |" in text and "of top-1 against fp32 ONNX" in text and "config hash" in text
 
 
 def without_recorded_data(trained: Path, tmp_path: Path) -> Path:

@@ -7,6 +7,7 @@ and leaves every file under the working folder byte for byte as it was.
 from __future__ import annotations
 
 import hashlib
+import signal
 import subprocess
 from pathlib import Path
 
@@ -152,6 +153,10 @@ def test_a_job_script_may_start_fresh_or_resume_with_one_command(tmp_path):
     again = run_cli(*command, cwd=tmp_path)
     assert "(resumed from" in again.stdout and "Nothing left to train" in again.stdout
     assert torch.load(only_run_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+    # The same run typed by hand, without the job script's launch switch: the same run directory, resumed.
+    by_hand = run_cli(*fit_args("data", "--ckpt_path=last"), cwd=tmp_path)
+    assert "(resumed from" in by_hand.stdout and "Nothing left to train" in by_hand.stdout
+    assert f"Run: {only_run_dir(tmp_path).relative_to(tmp_path)} (resumed from" in by_hand.stdout  # still one run
 
 
 def scalars(run_dir: Path, prefix: str) -> dict[str, dict[int, float]]:
@@ -241,7 +246,8 @@ def test_ctrl_c_resume_extend_as_a_user_types_them(tmp_path):
     stopped = run_cli(*fit_args("data", probe), cwd=tmp_path, check=False, env=ctrl_c)
     run_dir = only_run_dir(tmp_path)
     last = run_dir / "checkpoints" / "last.ckpt"
-    assert stopped.returncode != 0 and f"Stopped at step 4 in {run_dir.relative_to(tmp_path)}" in stopped.stdout
+    assert stopped.returncode == 128 + signal.SIGINT  # 130, as a shell reports Ctrl-C
+    assert f"Stopped at step 4 in {run_dir.relative_to(tmp_path)}" in stopped.stdout
     assert torch.load(last, weights_only=True)["global_step"] == 4
 
     resumed = run_cli(*fit_args("data", probe, "--ckpt_path=last"), cwd=tmp_path)

@@ -18,7 +18,7 @@ from .checkpointing import read_checkpoint
 from .data import CifarDataModule
 from .data.archive import fingerprint
 from .data.cifar_format import FORMATS
-from .errors import UsageError, exit_with, full_error_wanted, parse_error_line
+from .errors import UsageError, exit_with, full_error_wanted, parse_error_line, stopped_exit_code
 from .models import ImageClassifier
 from .noise import silence_known_noise
 from .run_record import RunRecord
@@ -133,14 +133,18 @@ class TrainerCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         record = self._record()
         keep = (lambda: record.trained) if (record is not None and subcommand == "fit") else (lambda: False)
-        if not self.trainer.is_global_zero:
-            return super()._run_subcommand(subcommand)
         try:
-            with self.run.undone_on_failure(keep):
+            if self.trainer.is_global_zero:
+                with self.run.undone_on_failure(keep):
+                    super()._run_subcommand(subcommand)
+            else:
                 super()._run_subcommand(subcommand)
-        except BaseException:
-            if keep():
+        except BaseException as error:
+            if keep() and self.trainer.is_global_zero:
                 print(interruption_summary(self.trainer, record))
+            code = stopped_exit_code(getattr(record, "stopped_by", None) or error)
+            if code is not None:  # a stopped run is not a finished one: say so in the exit status
+                raise SystemExit(code) from None
             raise
         if record is not None and self.trainer.is_global_zero and not self.trainer.interrupted:
             summary = fit_summary if subcommand == "fit" else evaluation_summary

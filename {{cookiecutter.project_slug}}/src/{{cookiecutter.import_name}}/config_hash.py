@@ -14,11 +14,17 @@ from typing import Any
 
 SHORT_LENGTH = 12
 
+# Switches that steer how a command starts, never what it computes: a job script that passes them
+# and the same command typed by hand without them name the same run.
+LAUNCH_SWITCHES: tuple[str, ...] = (
+    "ckpt_path",  # where to resume from; a resumed run continues the same computation
+    "allow_config_change",  # permission to resume under a changed config, not a setting of the run
+    "allow_fresh_start",  # permission to start when there is nothing to resume yet
+)
 # Dotted keys left out of the hash; "*" matches any list index. Why each cannot change results:
 EXCLUDED_KEYS: tuple[str, ...] = (
     "config",  # the config files' paths; their content is in the rest of the config
-    "ckpt_path",  # where to resume from; a resumed run continues the same computation
-    "allow_config_change",  # permission to resume under a changed config, not a setting of the run
+    *LAUNCH_SWITCHES,
     "trainer.default_root_dir",  # output location
     "trainer.logger.init_args.save_dir",  # output location
     "trainer.logger.init_args.name",  # output location

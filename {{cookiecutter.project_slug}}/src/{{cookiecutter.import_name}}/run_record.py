@@ -34,6 +34,7 @@ class RunRecord(SaveConfigCallback):
         self._last_step = 0
         self.images = 0
         self.started = time.perf_counter()
+        self.stopped_by: BaseException | None = None  # what ended training early, as Lightning saw it
 
     @property
     def trained(self) -> bool:
@@ -85,6 +86,8 @@ class RunRecord(SaveConfigCallback):
         self.images += len(batch[0]) * trainer.world_size
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # Lightning turns Ctrl-C into sys.exit(1) afterwards; the exit code is decided from this instead.
+        self.stopped_by = exception
         # Runs before the ModelCheckpoints' own on_exception (Lightning puts checkpoint callbacks last).
         if not self.trained:
             for callback in trainer.checkpoint_callbacks:

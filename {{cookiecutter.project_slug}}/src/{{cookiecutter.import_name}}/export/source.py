@@ -34,7 +34,8 @@ def dynamic_batch() -> dict[str, dict[int, torch.export.Dim]]:
 def load_model(ckpt_path: Path) -> tuple[ImageClassifier, dict]:
     """The model rebuilt from the checkpoint's hyperparameters, in eval mode, and the raw checkpoint."""
     if not ckpt_path.is_file():
-        raise ExportError(f"checkpoint {ckpt_path} does not exist; pass the path of a .ckpt file with --ckpt_path")
+        problem = "is a folder" if ckpt_path.is_dir() else "does not exist"
+        raise ExportError(f"checkpoint {ckpt_path} {problem}; pass the path of a .ckpt file with --ckpt_path")
     try:
         checkpoint = read_checkpoint(ckpt_path)
     except CheckpointError as error:
