@@ -120,8 +120,8 @@ def int8_lines(int8: dict | None) -> list[str]:
         return []
     calibration = int8["calibration"]
     return [
-        f"- int8 {int8_change(int8['top1_drop_points'])} of top-1 against fp32 ONNX (limit: loses "
-        f"{int8['max_drop_points']}), the same top-1 class on {percent(int8['top1_agreement'])} of the images",
+        f"- int8 {int8_change(int8['top1_drop_points'])} of top-1 against fp32 ONNX (allowed loss: "
+        f"{int8['max_drop_points']} points), the same top-1 class on {percent(int8['top1_agreement'])} of the images",
         f"- int8 calibration: {calibration['images']} {calibration['source']} images, {calibration['method']}; "
         f"{calibration['quant_format']}, activations {calibration['activations']}, weights {calibration['weights']}",
     ]

@@ -62,9 +62,10 @@ def load_run_data(checkpoint: dict, class_names: list[str], data_dir: Path | Non
     fmt = recorded_format(checkpoint)
     folder = data_dir or recorded_data_dir(checkpoint) or Path("data")
     if not data_present(folder, fmt):
+        without = "" if purpose.startswith("int8") else " (or --eval_limit 0 to export without measuring)"
         raise MissingDataError(
             f"{purpose} needs the run's {fmt.title} images, and {folder} holds neither {fmt.archive_name} nor "
-            f"its converted cache; pass --data_dir with the folder that holds them"
+            f"its converted cache; pass --data_dir with the folder that holds them{without}"
         )
     verify = bool(checkpoint.get("datamodule_hyper_parameters", {}).get("verify_checksum", True))
     try:
