@@ -12,9 +12,15 @@ from .conftest import DATASET
 CPU = SimpleNamespace(root_device=torch.device("cpu"))
 
 
-def fake_trainer(world_size=1, global_rank=0, **state):
-    """The few trainer attributes the DataModule reads, without starting a Trainer."""
-    return SimpleNamespace(world_size=world_size, global_rank=global_rank, strategy=CPU, **state)
+def fake_trainer(world_size=1, global_rank=0, batches_done=0, **state):
+    """The few trainer attributes the DataModule reads, without starting a Trainer.
+
+    ``batches_done``: the batches of the current epoch a restored trainer says were trained already.
+    """
+    progress = SimpleNamespace(current=SimpleNamespace(ready=batches_done))
+    fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
+    state = {"training": False, **state}
+    return SimpleNamespace(world_size=world_size, global_rank=global_rank, strategy=CPU, fit_loop=fit_loop, **state)
 
 
 def ready(data_dir, **kwargs):
@@ -190,3 +196,23 @@ def test_making_and_reading_loaders_leaves_the_global_random_stream_alone(data_d
         for _ in loader:
             pass
     assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_epoch_resumed_mid_way_serves_the_rest_of_the_same_order_and_then_whole_epochs(data_dir, num_workers):
+    def epochs(batches_done: int) -> tuple[list[list[int]], int]:
+        dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=num_workers,
+                             batch_size=16, val_size=32)  # fmt: skip
+        dm.trainer = fake_trainer(training=True, current_epoch=1, batches_done=batches_done)
+        dm.prepare_data()
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        first = [ids.tolist() for _, _, ids in loader]
+        dm.trainer.fit_loop.epoch_loop.batch_progress.current.ready = 0  # the next epoch starts afresh
+        dm.trainer.current_epoch = 2
+        return [first, [ids.tolist() for _, _, ids in loader]], len(loader)
+
+    (whole, following), length = epochs(0)
+    (resumed, following_resumed), resumed_length = epochs(3)
+    assert length == resumed_length == len(whole) == 10  # the epoch's length is the whole epoch's
+    assert resumed == whole[3:] and following_resumed == following != whole

@@ -4,7 +4,9 @@ One random draw per batch instead of per-sample Python: the crop gathers shifted
 from a padded batch (what ``RandomCrop(32, padding=p)`` does per image) and the flip
 mirrors the selected images only. Draws come from a generator of our own, seeded from (run seed,
 rank, epoch) at the start of every epoch, so a run is reproducible and a run resumed at an epoch
-boundary draws what the uninterrupted run drew, without any generator state in the checkpoint.
+boundary draws what the uninterrupted run drew, without any generator state in the checkpoint. A
+run resumed in the middle of an epoch first replays the draws of the batches it skips
+(``resume_at``), on a one-channel stand-in batch: the draws depend on the batch size alone.
 
 The alternating flip is airbench's derandomized flip: each image starts in a fixed pseudo-random
 orientation and is mirrored on every odd epoch, so over any two epochs the network sees both
@@ -111,6 +113,7 @@ class BatchAugment:
         self._seed = 0
         self._image_seed = 0
         self._epoch: int | None = None
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already trained in it)
 
     def seed(self, seed: int, image_seed: int | None = None) -> None:
         """Set the stream seed; each epoch's draws come from a generator seeded with (seed, epoch).
@@ -122,17 +125,28 @@ class BatchAugment:
         self._image_seed = seed if image_seed is None else image_seed
         self.generator = None
 
-    def _generator_for(self, device: torch.device, epoch: int) -> torch.Generator:
+    def resume_at(self, epoch: int, batches_done: int) -> None:
+        """The next batch is batch ``batches_done`` of ``epoch``: draw past the ones before it first."""
+        self._resume = (epoch, batches_done)
+
+    def _generator_for(self, images: Tensor, epoch: int) -> torch.Generator:
         # Re-seeded at each epoch, like the sampler's order: a run resumed at an epoch boundary draws
         # exactly what it would have drawn, on every rank, with no generator state to checkpoint.
-        if self.generator is None or self.generator.device != device or self._epoch != epoch:
-            self.generator = torch.Generator(device=device).manual_seed(epoch_seed(self._seed, epoch))
+        if self.generator is None or self.generator.device != images.device or self._epoch != epoch:
+            self.generator = torch.Generator(device=images.device).manual_seed(epoch_seed(self._seed, epoch))
             self._epoch = epoch
+            skipped = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
+            stand_in = images.new_zeros((images.shape[0], 1, *images.shape[2:]))
+            for _ in range(skipped):  # all batches of an epoch have one size (the last one is dropped)
+                self._augment(stand_in, torch.zeros(len(stand_in), dtype=torch.int64), epoch, self.generator)
+        self._resume = None
         return self.generator
 
     def __call__(self, images: Tensor, ids: Tensor | None = None, epoch: int = 0) -> Tensor:
         """Augment a batch; ``ids`` (each image's row in its split) and ``epoch`` drive the alternating flip."""
-        generator = self._generator_for(images.device, epoch)
+        return self._augment(images, ids, epoch, self._generator_for(images, epoch))
+
+    def _augment(self, images: Tensor, ids: Tensor | None, epoch: int, generator: torch.Generator) -> Tensor:
         images = random_crop(images, self.crop_padding, generator, self.padding_mode)
         if self.flip == "random":
             images = random_flip(images, generator)

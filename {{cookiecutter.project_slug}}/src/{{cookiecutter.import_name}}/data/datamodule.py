@@ -260,10 +260,19 @@ class CifarDataModule(L.LightningDataModule):
             collate_fn=keep_batch,
             pin_memory=self.pin_memory and not self.resident and torch.cuda.is_available(),
             persistent_workers=workers > 0,
+            batches_done=self._batches_done if train else lambda: 0,
         )
 
     def _current_epoch(self) -> int | None:
         return self.trainer.current_epoch if self.trainer is not None else None
+
+    def _batches_done(self) -> int:
+        """Batches of the current epoch trained before a mid-epoch resume (the trainer's restored progress), else 0."""
+        if self.trainer is None or not self.trainer.training:
+            return 0
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        self.augment.resume_at(self.trainer.current_epoch, done)  # its random draws skip those batches too
+        return done
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", self.device_batch_size, train=True)

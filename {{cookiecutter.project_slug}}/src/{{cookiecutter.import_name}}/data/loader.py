@@ -10,10 +10,19 @@ uninterrupted one:
 - When a ``max_steps`` run resumes from an epoch boundary, the counter Lightning passes to
   ``set_epoch`` runs one ahead of ``trainer.current_epoch``. ``TrainerEpochSampler`` takes the
   epoch from the trainer itself.
+- A checkpoint written in the middle of an epoch (SIGTERM, Ctrl-C, SIGUSR1, every N steps)
+  resumes at the batch after the last one trained, with the epoch's order unchanged: the
+  loader's first iterator of a resumed epoch skips the batches the trainer's restored progress
+  says were done (``batches_done``), without reading them. That count comes from the trainer's
+  own loop state rather than from a loader ``state_dict``, which Lightning 2.6 can fail to
+  restore when ``trainer.estimated_stepping_batches`` sets the loaders up early (Lightning issue
+  #20550; the learning-rate schedules ask for it) and which would also count the fetcher's
+  prefetched batch.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,10 +30,40 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 class FirstBatchStartLoader(DataLoader):
-    """``DataLoader`` whose iterators start (and read the sampler) at their first batch."""
+    """``DataLoader`` whose iterators start (and read the sampler) at their first batch, after the batches already done.
+
+    ``batches_done`` returns how many batches of the current epoch were trained before a resume
+    (0 otherwise); the epoch's length stays the full one.
+    """
+
+    def __init__(self, *args: Any, batches_done: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches_done = batches_done
+        self._resumable: _SkipAtStart | None = None
+
+    @property
+    def _index_sampler(self) -> _SkipAtStart:
+        # One object for the loader's life: a persistent-workers iterator keeps the one it was made with.
+        if self._resumable is None:
+            self._resumable = _SkipAtStart(super()._index_sampler)
+        return self._resumable
 
     def __iter__(self) -> Iterator[Any]:
         return _StartsAtFirstBatch(self)
+
+
+class _SkipAtStart:
+    """A batch sampler whose next iteration starts ``skip`` batches in; its length is the whole epoch's."""
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.batch_sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
 
 
 class _StartsAtFirstBatch(Iterator[Any]):
@@ -34,7 +73,12 @@ class _StartsAtFirstBatch(Iterator[Any]):
 
     def __next__(self) -> Any:
         if self.iterator is None:
-            self.iterator = DataLoader.__iter__(self.loader)
+            batches = self.loader._index_sampler
+            batches.skip = self.loader.batches_done()  # read while the iterator (and its workers) start
+            try:
+                self.iterator = DataLoader.__iter__(self.loader)
+            finally:
+                batches.skip = 0
         return next(self.iterator)
 
     def __len__(self) -> int:
