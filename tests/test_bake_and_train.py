@@ -15,10 +15,11 @@ pytestmark = pytest.mark.slow
 
 # The rendered suite's slow tests (multi-process DDP, kill and resume, the CIFAR-10 fast recipe)
 # do not depend on the answers, so they run once, for the default render, to keep the suite short.
+# Each render's own suite has its own time budget (seconds on 2 cores): the default render runs the slow tests too.
 RENDERS = [
-    pytest.param(({"project_name": "Baked Default"}, []), id="defaults"),
+    pytest.param(({"project_name": "Baked Default"}, [], 1800), id="defaults"),
     pytest.param(
-        ({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, ["-m", "not slow"]),
+        ({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, ["-m", "not slow"], 900),
         id="cifar100-resnet18",
     ),
 ]
@@ -36,20 +37,21 @@ def run(*command: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedP
 @pytest.fixture
 def installed(bake, request):
     """A rendered project installed into this environment (and uninstalled afterwards)."""
-    answers, pytest_args = request.param
+    answers, pytest_args, budget = request.param
     project = bake(**answers)
     run(sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", f"{project}[dev]", cwd=project)
-    yield project, pytest_args
+    yield project, pytest_args, budget
     subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", project.name], check=False)
 
 
 @pytest.mark.parametrize("installed", RENDERS, indirect=True)
 def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
-    project, pytest_args = installed
+    project, pytest_args, budget = installed
     package = next((project / "src").iterdir()).name
     dataset = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]["dataset"]
 
-    tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, cwd=project)
+    tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, cwd=project,
+                timeout=budget)  # fmt: skip
     assert " passed" in tests.stdout and "failed" not in tests.stdout
 
     # A tiny archive in the official on-disk format, written by the project's own packer.

@@ -40,6 +40,7 @@ COMMON_FILES = {
     "configs/presets/ddp.yaml",
     "configs/presets/debug.yaml",
     "configs/presets/fast_dev_run.yaml",
+    "configs/presets/step_checkpoints.yaml",
     "scripts/lock.sh",
     "scripts/slurm.sbatch",
     "scripts/tensorboard_screenshots.py",

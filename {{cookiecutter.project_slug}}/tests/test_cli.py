@@ -119,6 +119,17 @@ def test_print_config_shows_the_resolved_config(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_every_option_can_come_from_the_environment_and_the_command_line_wins(tmp_path, data_dir):
+    # What a launcher does: set a value in the environment instead of editing a file.
+    launcher = {"PL_FIT__TRAINER__LIMIT_TRAIN_BATCHES": "3", "PL_FIT__TRAINER__MAX_EPOCHS": "5"}
+    run_cli(*fit_args(data_dir), cwd=tmp_path, env=launcher)  # fit_args gives --trainer.max_epochs=1
+    run_dir = only_run_dir(tmp_path)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["trainer"]["limit_train_batches"] == 3 and config["trainer"]["max_epochs"] == 1
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert "ENV:   PL_FIT__TRAINER__NUM_NODES" in run_cli("fit", "--help", cwd=tmp_path).stdout
+
+
 @pytest.mark.parametrize(
     ("arg", "complaint"),
     [

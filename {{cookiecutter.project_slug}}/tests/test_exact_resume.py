@@ -161,8 +161,11 @@ CELLS = [
     pytest.param(setting, moment, id=f"{setting}-{moment}")
     for setting in SETTINGS
     for moment in MOMENTS
-    # the default loader gets every moment; the other settings the three that cut an epoch
-    if setting == "default-workers" or moment in ("mid-epoch", "sigterm-mid-epoch", "validation")
+    # the default loader gets every moment; the others the two that cut an epoch, and device storage
+    # (no loader workers, batches gathered on the device) also the mid-epoch SIGTERM
+    if setting == "default-workers"
+    or moment in ("mid-epoch", "validation")
+    or (setting, moment) == ("device-storage", "sigterm-mid-epoch")
 ]
 
 
@@ -178,6 +181,14 @@ def test_a_killed_two_process_run_resumes_to_exactly_the_uninterrupted_result(tm
     ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--trainer.accelerator=cpu"]
     args = fit_args("data", *SMALL_RUN, *ddp, "--trainer.devices=2", "--data.num_workers=2")
     reference_and_resumed(tmp_path, args, ["train_batch:1:3"])  # 10 steps per epoch on each of the 2 ranks
+
+
+def test_a_run_killed_after_a_step_checkpoint_resumes_from_it_exactly(tmp_path):
+    steps = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "step_checkpoints.yaml")]
+    args = fit_args("data", *SMALL_RUN, "--data.num_workers=2", *steps, "--trainer.callbacks.every_n_train_steps=4")
+    # last.ckpt at global step 28 (after batch 7 of epoch 1); SIGKILL at step 30: the resume starts
+    # mid-epoch (the cut epoch's averages differ, which they would not after an epoch-end resume).
+    reference_and_resumed(tmp_path, args, ["train_batch:1:9"], cut_epoch_end=2 * 20 - 1)
 
 
 def test_the_fast_recipe_killed_mid_epoch_resumes_to_exactly_the_uninterrupted_result(tmp_path):

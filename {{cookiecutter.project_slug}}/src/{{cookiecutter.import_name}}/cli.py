@@ -65,7 +65,10 @@ class TrainerCLI(LightningCLI):
         kwargs.setdefault("parser_class", OneLineErrorParser)
         if default_config is not None:
             defaults = {"default_config_files": [str(default_config)]}
-            kwargs.setdefault("parser_kwargs", dict.fromkeys(SUBCOMMANDS, defaults) if runs else defaults)
+            # Every option can also come from the environment (PL_FIT__TRAINER__NUM_NODES=2, ...; --help lists
+            # the names), so a launcher sets what it knows without editing a file; the command line wins.
+            per_subcommand = {**dict.fromkeys(SUBCOMMANDS, defaults), "default_env": True}
+            kwargs.setdefault("parser_kwargs", per_subcommand if runs else defaults)
         super().__init__(ImageClassifier, CifarDataModule, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:

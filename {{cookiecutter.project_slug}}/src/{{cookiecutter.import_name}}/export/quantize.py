@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import numpy as np
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from .source import INPUT_NAME
+from .source import INPUT_NAME, ExportCheckError
 
 CalibrationMethodName = Literal["minmax", "percentile", "entropy"]
 CALIBRATION_METHODS: tuple[str, ...] = get_args(CalibrationMethodName)
@@ -79,14 +81,22 @@ class ImageBatches:
 
 def quantize_int8(fp32_path: Path, output: Path, images: np.ndarray, calibration: Calibration) -> None:
     """Write the int8 QDQ model of ``fp32_path`` to ``output``."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
     methods = {
         "minmax": CalibrationMethod.MinMax,
         "percentile": CalibrationMethod.Percentile,
         "entropy": CalibrationMethod.Entropy,
     }
+    try:
+        _quantize(fp32_path, output, images, calibration, methods[calibration.method])
+    except Exception as error:  # onnxruntime's tools raise plain exceptions from deep inside
+        raise ExportCheckError(
+            f"int8 quantization failed ({type(error).__name__}: {error}); export without it: --formats onnx,pt2"
+        ) from error
+
+
+def _quantize(
+    fp32_path: Path, output: Path, images: np.ndarray, calibration: Calibration, method: CalibrationMethod
+) -> None:
     with tempfile.TemporaryDirectory(prefix="quantize-") as work:
         prepared = Path(work) / "prepared.onnx"
         # ONNX's own shape inference and graph optimization; onnxruntime's symbolic shape inference is
@@ -102,7 +112,7 @@ def quantize_int8(fp32_path: Path, output: Path, images: np.ndarray, calibration
                 per_channel=calibration.per_channel,
                 activation_type=QuantType.QInt8 if calibration.symmetric_activations else QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
-                calibrate_method=methods[calibration.method],
+                calibrate_method=method,
                 extra_options={
                     "ActivationSymmetric": calibration.symmetric_activations,
                     "WeightSymmetric": True,
