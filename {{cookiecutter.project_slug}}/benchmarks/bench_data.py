@@ -123,8 +123,11 @@ def main() -> None:
             CifarDataModule(data_dir=str(archive.parent), verify_checksum=False, val_size=0, storage=storage)
             for storage in ("memmap", "device")
         )
-        trainer = {"world_size": 1, "global_rank": 0, "current_epoch": 0}
+        trainer = {"world_size": 1, "global_rank": 0, "current_epoch": 0, "training": False}
         trainer["strategy"] = SimpleNamespace(root_device=device)
+        # An epoch from its start: no batches trained before a resume.
+        progress = SimpleNamespace(current=SimpleNamespace(ready=0))
+        trainer["fit_loop"] = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
         for data in (ours_data, resident_data):
             data.trainer = SimpleNamespace(**trainer)
             data.batch_size = args.batch_size
@@ -133,7 +136,7 @@ def main() -> None:
             data.augment.seed(0)
 
         def delivered(data: CifarDataModule, augmented: bool):
-            state = SimpleNamespace(**trainer, training=augmented)
+            state = SimpleNamespace(**{**trainer, "training": augmented})
 
             def deliver(batch):
                 data.trainer = state
