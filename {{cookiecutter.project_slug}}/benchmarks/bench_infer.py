@@ -30,9 +30,10 @@ import torch
 from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data.archive import prepare
 from {{ cookiecutter.import_name }}.data.cifar_format import FORMATS
+from {{ cookiecutter.import_name }}.export.evaluation import onnx_predictor
 from {{ cookiecutter.import_name }}.export.onnx_export import export_onnx
 from {{ cookiecutter.import_name }}.export.quantize import Calibration, calibration_images, quantize_int8
-from {{ cookiecutter.import_name }}.export.source import INPUT_NAME, OUTPUT_NAME, load_model
+from {{ cookiecutter.import_name }}.export.source import load_model
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"
@@ -49,15 +50,6 @@ def build_model(args: argparse.Namespace, overrides: list[str]) -> tuple[ImageCl
         warnings.simplefilter("ignore")
         cli = TrainerCLI(default_config=DEFAULT_CONFIG, run=False, args=["--config", str(args.config), *overrides])
     return cli.model.eval(), cli.datamodule.format.name
-
-
-def onnx_runner(path: Path, threads: int) -> Runner:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return lambda images: session.run([OUTPUT_NAME], {INPUT_NAME: images})
 
 
 def eager_runner(model: ImageClassifier, device: torch.device) -> Runner:
@@ -125,8 +117,8 @@ def main() -> None:
         quantize_int8(fp32, int8, images, Calibration(len(images), "minmax", False, "training"))
         runners = {
             "eager": eager_runner(model, torch.device("cpu")),
-            "onnx_fp32": onnx_runner(fp32, args.threads),
-            "onnx_int8": onnx_runner(int8, args.threads),
+            "onnx_fp32": onnx_predictor(fp32, args.threads),
+            "onnx_int8": onnx_predictor(int8, args.threads),
         }
         if args.device.startswith("cuda") and torch.cuda.is_available():
             runners["eager_cuda"] = eager_runner(model, torch.device(args.device))

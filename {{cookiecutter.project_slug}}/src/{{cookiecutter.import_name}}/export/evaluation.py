@@ -62,10 +62,15 @@ class Parity:
         }
 
     def describe(self) -> str:
-        return (
-            f"max |logit diff| {self.max_abs_diff:.2e} (tolerance {self.tolerance:.0e}) at batch sizes "
-            f"{list(self.batch_sizes)}, argmax equal: {self.argmax_equal}"
-        )
+        return describe_parity(self.as_dict())
+
+
+def describe_parity(parity: dict) -> str:
+    """A parity record (``Parity.as_dict()``, as the model card stores it) in words."""
+    return (
+        f"max |logit diff| {parity['max_abs_logit_diff']:.2e} (tolerance {parity['tolerance']:.0e}) at batch sizes "
+        f"{parity['batch_sizes']}, argmax equal: {parity['argmax_equal']}"
+    )
 
 
 def measure_parity(
@@ -103,10 +108,14 @@ def top1_agreement(a: np.ndarray, b: np.ndarray) -> float:
     return float((a.argmax(axis=1) == b.argmax(axis=1)).mean())
 
 
-def onnx_predictor(path: Path) -> Predictor:
+def onnx_predictor(path: Path, threads: int | None = None) -> Predictor:
+    """onnxruntime on the CPU; ``threads`` sets its intra-op threads (default: onnxruntime's choice)."""
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return lambda images: session.run([OUTPUT_NAME], {INPUT_NAME: images})[0]
 
 

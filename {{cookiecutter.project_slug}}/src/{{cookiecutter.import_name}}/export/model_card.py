@@ -8,6 +8,7 @@ from pathlib import Path
 from ..model_cost import ModelCost
 from ..models import ImageClassifier
 from ..models.test_time import TestTimeAugmentation
+from .evaluation import describe_parity
 from .source import INPUT_NAME, OUTPUT_NAME
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
@@ -131,11 +132,9 @@ def markdown(card: dict) -> str:
     cost, source = card["cost"], card["source"]
     names = ", ".join(card["class_names"][:20]) + (" ..." if len(card["class_names"]) > 20 else "")
     parities = [
-        f"- {artifact['file']} against PyTorch eager: max |logit diff| {parity['max_abs_logit_diff']:.2e} "
-        f"(tolerance {parity['tolerance']:.0e}) at batch sizes {parity['batch_sizes']}, "
-        f"argmax equal: {parity['argmax_equal']}"
+        f"- {artifact['file']} against PyTorch eager: {describe_parity(artifact['parity'])}"
         for artifact in card["artifacts"].values()
-        if (parity := artifact["parity"])
+        if artifact["parity"]
     ]
     return "\n".join(
         [

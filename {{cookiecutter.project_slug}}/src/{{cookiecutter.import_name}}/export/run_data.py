@@ -33,9 +33,14 @@ class RunData:
     test_labels: np.ndarray
 
 
+def data_settings(checkpoint: dict) -> dict:
+    """The DataModule's settings as the checkpoint records them."""
+    return checkpoint.get("datamodule_hyper_parameters", {})
+
+
 def recorded_format(checkpoint: dict) -> CifarFormat:
-    """The dataset the run trained on (the DataModule's settings in the checkpoint)."""
-    dataset = checkpoint.get("datamodule_hyper_parameters", {}).get("dataset")
+    """The dataset the run trained on."""
+    dataset = data_settings(checkpoint).get("dataset")
     if dataset not in FORMATS:
         raise MissingDataError(
             f"the checkpoint does not record which dataset it was trained on (data.dataset is {dataset!r}); "
@@ -45,7 +50,7 @@ def recorded_format(checkpoint: dict) -> CifarFormat:
 
 
 def recorded_data_dir(checkpoint: dict) -> Path | None:
-    data_dir = checkpoint.get("datamodule_hyper_parameters", {}).get("data_dir")
+    data_dir = data_settings(checkpoint).get("data_dir")
     return Path(data_dir) if data_dir else None
 
 
@@ -67,7 +72,7 @@ def load_run_data(checkpoint: dict, class_names: list[str], data_dir: Path | Non
             f"{purpose} needs the run's {fmt.title} images, and {folder} holds neither {fmt.archive_name} nor "
             f"its converted cache; pass --data_dir with the folder that holds them{without}"
         )
-    verify = bool(checkpoint.get("datamodule_hyper_parameters", {}).get("verify_checksum", True))
+    verify = bool(data_settings(checkpoint).get("verify_checksum", True))
     try:
         cache = prepare(folder, fmt, download=False, verify_checksum=verify)
     except DataError as error:
