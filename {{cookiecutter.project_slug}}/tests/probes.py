@@ -43,12 +43,18 @@ class KillAt(L.Callback):
     the uninterrupted reference share one config (and one run directory). Moments:
     ``train_batch:E:B`` after training batch B of epoch E; ``validation:E`` after the first
     validation batch of epoch E; ``after_checkpoint:E`` at the end of epoch E, after its
-    checkpoints are written; ``sanity`` during the sanity-check validation.
+    checkpoints are written; ``sanity`` during the sanity-check validation. ``KILL_RANK``, if
+    set, names the only rank that is signalled.
     """
 
     def __init__(self) -> None:
         self.moment = os.environ.get("KILL_AT", "")
         self.signal = signal.Signals[os.environ.get("KILL_SIGNAL", "SIGKILL")]
+        self.rank = os.environ.get("KILL_RANK")
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        if self.rank is not None and int(self.rank) != trainer.global_rank:
+            self.moment = ""
 
     def _kill_if(self, moment: str) -> None:
         if moment == self.moment:

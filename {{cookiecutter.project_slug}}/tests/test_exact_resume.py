@@ -1,10 +1,11 @@
 """A run killed at any moment and resumed with ``--ckpt_path last`` ends exactly where an uninterrupted run does.
 
-Each cell trains a reference run to the end, then the same command in another folder is
-``kill -9``-ed at a chosen moment (by ``tests.probes.KillAt``, which reads the moment from the
-environment so that every attempt has the same config) and resumed until it finishes. The two
-final checkpoints must hold the same weights, optimizer and scheduler states, data and random
-states, and TensorBoard must show the same scalars.
+Each cell runs the same command as an uninterrupted reference run (trained once per distinct
+command, shared by the cells), in another folder, stopped at a chosen moment by
+``tests.probes.KillAt`` (which reads the moment from the environment so that every attempt has
+the same config): ``kill -9``, SIGTERM, or the cluster's SIGUSR1. It is resumed until it finishes.
+The two final checkpoints must hold the same weights, optimizer and scheduler states, data and
+random states, and TensorBoard must show the same scalars.
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 
-from .conftest import PROJECT_ROOT, cli_env, fit_args, only_run_dir, run_cli, write_tiny_archive
+from .conftest import (
+    FAST_ARGS,
+    PROJECT_ROOT,
+    cli_env,
+    default_config,
+    fit_args,
+    only_run_dir,
+    run_cli,
+    write_tiny_archive,
+)
 
 pytestmark = [
     pytest.mark.slow,  # each cell starts three to five training processes
@@ -35,14 +45,14 @@ KILL_PROBE = "--trainer.callbacks+=tests.probes.KillAt"
 SMALL_RUN = ("--trainer.max_epochs=3", "--data.batch_size=8", KILL_PROBE)
 # Checkpoint entries that describe the computation (loop counters and callback bookkeeping such as
 # file paths and restart counts legitimately differ after a resume).
-COMPARED_ENTRIES = ("global_step", "epoch", "state_dict", "optimizer_states", "lr_schedulers", "CifarDataModule")
+COMPARED_ENTRIES = ("global_step", "epoch", "state_dict", "optimizer_states", "lr_schedulers", "loops")
 # Scalars of the throughput monitor (``<stage>/[device/]<name>``): they measure the machine, not the computation.
 TIMING_NAMES = {"time", "batches", "samples", "batches_per_sec", "samples_per_sec"}
 
 
-# What each signal leaves: SIGKILL nothing (the last epoch-end checkpoint is resumed); SIGTERM a
-# checkpoint at the batch it arrived after, and exit status 128 + 15.
-EXIT_STATUS = {"SIGKILL": -signal.SIGKILL, "SIGTERM": 128 + signal.SIGTERM}
+# What each signal leaves: SIGKILL nothing (the last epoch-end checkpoint is resumed); SIGTERM and
+# SIGUSR1 (RequeueOnSignal) a checkpoint at the batch it arrived after, and exit status 128 + its number.
+EXIT_STATUS = {"SIGKILL": -signal.SIGKILL, "SIGTERM": 128 + signal.SIGTERM, "SIGUSR1": 128 + signal.SIGUSR1}
 
 
 def kill_and_resume(args: list[str], root: Path, kills: list[str], env: dict[str, str] | None = None) -> None:
@@ -106,39 +116,60 @@ CUT_EPOCH_AVERAGES = ("train/loss_epoch", "train/top1", "train/top5")
 
 
 def assert_same_run(
-    reference: Path, resumed: Path, compare_scalars: bool = True, cut_epoch_end: int | None = None
+    reference: Path, resumed: Path, compare_scalars: bool = True, cut_epoch_ends: tuple[int, ...] = ()
 ) -> None:
     expected, actual = (only_run_dir(root) for root in (reference, resumed))
     assert expected.name == actual.name  # the same config, so the same run directory name
     checkpoints = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=True) for d in (expected, actual)]
     for entry in COMPARED_ENTRIES:
-        if entry in checkpoints[0] or entry in checkpoints[1]:
+        assert entry in checkpoints[0] and entry in checkpoints[1], f"{entry} missing from a checkpoint"
+        if entry == "loops":  # the fit loop's progress counters; restart bookkeeping aside
+            progress = [c[entry]["fit_loop"]["epoch_loop.batch_progress"]["total"] for c in checkpoints]
+            assert_same(*progress, "batch progress")
+        else:
             assert_same(checkpoints[0][entry], checkpoints[1][entry], entry)
     assert_same(checkpoints[0]["callbacks"]["RandomState"], checkpoints[1]["callbacks"]["RandomState"], "random state")
     if not compare_scalars:
         return
     expected_scalars, actual_scalars = scalars(expected), scalars(actual)
     assert expected_scalars.keys() == actual_scalars.keys()
-    if cut_epoch_end is not None:  # the step that logged the cut epoch's averages
+    for step in cut_epoch_ends:  # the steps that logged the cut epochs' averages
         for tag in CUT_EPOCH_AVERAGES:
-            assert expected_scalars[tag].pop(cut_epoch_end) != actual_scalars[tag].pop(cut_epoch_end), tag
+            assert expected_scalars[tag].pop(step) != actual_scalars[tag].pop(step), tag
     for tag, values in expected_scalars.items():
         assert actual_scalars[tag] == values, f"scalar {tag} differs"
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """``reference(args, write_data)``: the folder of an uninterrupted ``main.py ARGS`` run, trained once per module."""
+    trained: dict[tuple, Path] = {}
+
+    def train(args: list[str], write_data=write_tiny_archive) -> Path:
+        key = (tuple(args), write_data)
+        if key not in trained:
+            root = tmp_path_factory.mktemp("reference")
+            write_data(root / "data")
+            run_cli(*args, cwd=root)
+            trained[key] = root
+        return trained[key]
+
+    return train
+
+
 def reference_and_resumed(
     tmp_path: Path,
+    reference,
     args: list[str],
     kills: list[str],
     write_data=write_tiny_archive,
     compare_scalars: bool = True,
-    cut_epoch_end: int | None = None,
+    cut_epoch_ends: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> None:
-    for name in ("reference", "resumed"):
-        write_data(tmp_path / name / "data")
-    run_cli(*args, cwd=tmp_path / "reference")
-    kill_and_resume(args, tmp_path / "resumed", kills)
-    assert_same_run(tmp_path / "reference", tmp_path / "resumed", compare_scalars, cut_epoch_end)
+    write_data(tmp_path / "data")
+    kill_and_resume(args, tmp_path, kills, env)
+    assert_same_run(reference(args, write_data), tmp_path, compare_scalars, cut_epoch_ends)
 
 
 # The moments: mid-epoch; during validation; right after an epoch's checkpoints are written; and a
@@ -148,6 +179,7 @@ MOMENTS = {
     # A checkpoint written in the middle of epoch 1 (after batch 6 of 20) resumes at batch 7 of the
     # same order, with the same augmentation draws.
     "sigterm-mid-epoch": ["train_batch:1:6@SIGTERM"],
+    "sigusr1-mid-epoch": ["train_batch:1:6@SIGUSR1"],  # outside SLURM: the same stop, no requeue
     "validation": ["validation:1"],
     "after-checkpoint": ["after_checkpoint:1"],
     "resume-killed-in-sanity-check": ["train_batch:1:6", "sanity"],
@@ -161,37 +193,113 @@ CELLS = [
     pytest.param(setting, moment, id=f"{setting}-{moment}")
     for setting in SETTINGS
     for moment in MOMENTS
-    # the default loader gets every moment; the others the two that cut an epoch, and device storage
-    # (no loader workers, batches gathered on the device) also the mid-epoch SIGTERM
-    if setting == "default-workers"
+    # the default loader gets every moment (SIGUSR1 in the SLURM job below); the others the two that
+    # cut an epoch, and device storage (no loader workers, batches gathered on the device) the signals
+    if (setting == "default-workers" and moment != "sigusr1-mid-epoch")
     or moment in ("mid-epoch", "validation")
-    or (setting, moment) == ("device-storage", "sigterm-mid-epoch")
+    or (setting == "device-storage" and "@" in MOMENTS[moment][0])
 ]
 
 
 @pytest.mark.parametrize(("setting", "moment"), CELLS)
-def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, setting, moment):
+def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference, setting, moment):
     # After FAST_ARGS' num_workers=0: the config's value (2) unless the setting says otherwise.
     args = fit_args("data", *SMALL_RUN, "--data.num_workers=2", *SETTINGS[setting])
-    cut = 2 * 20 - 1 if "@" in MOMENTS[moment][0] else None  # a signal in epoch 1: its averages at step 39
-    reference_and_resumed(tmp_path, args, MOMENTS[moment], cut_epoch_end=cut)
+    cut = (2 * 20 - 1,) if "@" in MOMENTS[moment][0] else ()  # a signal in epoch 1: its averages at step 39
+    reference_and_resumed(tmp_path, reference, args, MOMENTS[moment], cut_epoch_ends=cut)
 
 
-def test_a_killed_two_process_run_resumes_to_exactly_the_uninterrupted_result(tmp_path):
+# 10 steps per epoch on each of the 2 ranks. Signals: every rank gets one (as under srun), at the same
+# batch or, as here, not: rank 0 after batch 3 of epoch 1 (the resume then gets SIGTERM in epoch 2).
+TWO_PROCESS_STOPS = {
+    "sigkill": (["train_batch:1:3"], (), {}),
+    "sigusr1-then-sigterm": (
+        ["train_batch:1:3@SIGUSR1", "train_batch:2:2@SIGTERM"],
+        (2 * 10 - 1, 3 * 10 - 1),
+        {"KILL_RANK": "0"},
+    ),
+}
+
+
+@pytest.mark.parametrize("stops", TWO_PROCESS_STOPS)
+def test_a_stopped_two_process_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference, stops):
     ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--trainer.accelerator=cpu"]
     args = fit_args("data", *SMALL_RUN, *ddp, "--trainer.devices=2", "--data.num_workers=2")
-    reference_and_resumed(tmp_path, args, ["train_batch:1:3"])  # 10 steps per epoch on each of the 2 ranks
+    kills, cut, env = TWO_PROCESS_STOPS[stops]
+    reference_and_resumed(tmp_path, reference, args, kills, cut_epoch_ends=cut, env=env)
 
 
-def test_a_run_killed_after_a_step_checkpoint_resumes_from_it_exactly(tmp_path):
+# A one-task SLURM job as srun starts it: what Lightning reads to detect SLURM, and the job id.
+SLURM_JOB = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "{{ cookiecutter.project_slug }}",
+    "SLURM_JOB_NUM_NODES": "1",
+    "SLURM_NNODES": "1",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
+
+
+def slurm_job(submit_dir: Path, bin_dir: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """``scripts/slurm.sbatch ARGS`` run as SLURM runs it, with ``srun`` and ``scontrol`` stand-ins first on PATH."""
+    job_env = {
+        **SLURM_JOB,
+        "SLURM_SUBMIT_DIR": str(submit_dir),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "VIRTUAL_ENV": sys.prefix,  # the test's environment is the job's
+        **env,
+    }
+    script = PROJECT_ROOT / "scripts" / "slurm.sbatch"
+    command = ["bash", str(script), *args]
+    return subprocess.run(command, cwd=submit_dir, env=cli_env(**job_env), capture_output=True, text=True, timeout=300)
+
+
+def test_a_slurm_job_warned_with_sigusr1_is_requeued_and_resumes_exactly(tmp_path, reference):
+    bin_dir, submit_dir = tmp_path / "bin", tmp_path / "submit"
+    bin_dir.mkdir()
+    stand_ins = {
+        "srun": 'exec "$@"',  # one task: the command itself
+        "scontrol": 'echo "scontrol $*" >> "$SLURM_SUBMIT_DIR/scontrol.log"',
+        "python": f'exec "{sys.executable}" "$@"',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    write_tiny_archive(submit_dir / "data")
+    for name in ("main.py", "configs"):  # the submit folder is a checkout of the project
+        (submit_dir / name).symlink_to(PROJECT_ROOT / name)
+    options = [*FAST_ARGS, "--data.data_dir=data", *SMALL_RUN, "--data.num_workers=2"]
+
+    warned = slurm_job(submit_dir, bin_dir, options, KILL_AT="train_batch:1:6", KILL_SIGNAL="SIGUSR1")
+    assert warned.returncode == 128 + signal.SIGUSR1, warned.stderr[-3000:]
+    assert (submit_dir / "scontrol.log").read_text() == "scontrol requeue 4242\n"
+    assert "Requeued SLURM job 4242" in warned.stdout
+    run_dir = only_run_dir(submit_dir)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 20 + 7  # written at the batch the signal arrived after
+    assert not list(run_dir.glob("hpc_ckpt_*.ckpt"))  # Lightning's own mid-step save is not made
+
+    requeued = slurm_job(submit_dir, bin_dir, options)  # what the requeued job runs: the same script
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    assert (submit_dir / "scontrol.log").read_text() == "scontrol requeue 4242\n"
+    ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml")]
+    script_args = ["fit", "--config", str(default_config()), *ddp, "--trainer.num_nodes=1", "--trainer.devices=1"]
+    assert_same_run(reference([*script_args, *options]), submit_dir, cut_epoch_ends=(2 * 20 - 1,))
+
+
+def test_a_run_killed_after_a_step_checkpoint_resumes_from_it_exactly(tmp_path, reference):
     steps = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "step_checkpoints.yaml")]
     args = fit_args("data", *SMALL_RUN, "--data.num_workers=2", *steps, "--trainer.callbacks.every_n_train_steps=4")
     # last.ckpt at global step 28 (after batch 7 of epoch 1); SIGKILL at step 30: the resume starts
     # mid-epoch (the cut epoch's averages differ, which they would not after an epoch-end resume).
-    reference_and_resumed(tmp_path, args, ["train_batch:1:9"], cut_epoch_end=2 * 20 - 1)
+    reference_and_resumed(tmp_path, reference, args, ["train_batch:1:9"], cut_epoch_ends=(2 * 20 - 1,))
 
 
-def test_the_fast_recipe_killed_mid_epoch_resumes_to_exactly_the_uninterrupted_result(tmp_path):
+def test_the_fast_recipe_killed_mid_epoch_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference):
     args = [
         "fit", "--config", str(PROJECT_ROOT / "configs" / "cifar10_fast.yaml"), "--data.data_dir=data",
         "--data.verify_checksum=false", "--data.global_batch_size=32", "--model.backbone.width=4",
@@ -202,5 +310,5 @@ def test_the_fast_recipe_killed_mid_epoch_resumes_to_exactly_the_uninterrupted_r
     # Scalars are not compared: when a max_steps run resumes at an epoch boundary, Lightning 2.6 logs
     # every later value one step late (its fit loop counts that epoch's last batch twice).
     reference_and_resumed(
-        tmp_path, args, ["train_batch:1:2"], partial(write_tiny_archive, fmt=CIFAR10), compare_scalars=False
+        tmp_path, reference, args, ["train_batch:1:2"], partial(write_tiny_archive, fmt=CIFAR10), compare_scalars=False
     )

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from .callbacks.stop_on_signal import StopOnSignal
 from .checkpointing import read_checkpoint
 from .data import CifarDataModule
 from .data.archive import fingerprint
 from .data.cifar_format import FORMATS
 from .errors import UsageError, exit_with, full_error_wanted, parse_error_line, stopped_exit_code
+from .launcher_watch import exit_when_launcher_dies
 from .models import ImageClassifier
 from .noise import silence_known_noise
 from .run_record import RunRecord
@@ -26,6 +28,7 @@ from .runs import Run, RunIdentity, experiment_dir, resolve_checkpoint
 from .summary import evaluation_summary, fit_summary, interruption_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+T = TypeVar("T")
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
@@ -130,15 +133,15 @@ class TrainerCLI(LightningCLI):
         except ValueError as error:  # the constructors' checks of config values
             raise UsageError(f"{error}; fix that value in the config or on the command line") from error
 
-    def _record(self) -> RunRecord | None:
-        return next((callback for callback in self.trainer.callbacks if isinstance(callback, RunRecord)), None)
+    def _callback(self, kind: type[T]) -> T | None:
+        return next((callback for callback in self.trainer.callbacks if isinstance(callback, kind)), None)
 
     def _run_subcommand(self, subcommand: str) -> None:
-        record = self._record()
+        record = self._callback(RunRecord)
         keep = (lambda: record.trained) if (record is not None and subcommand == "fit") else (lambda: False)
         try:
             if self.trainer.is_global_zero:
-                with self.run.undone_on_failure(keep):
+                with self.run.held(keep):
                     super()._run_subcommand(subcommand)
             else:
                 super()._run_subcommand(subcommand)
@@ -146,6 +149,13 @@ class TrainerCLI(LightningCLI):
             if keep() and self.trainer.is_global_zero:
                 print(interruption_summary(self.trainer, record))
             code = stopped_exit_code(getattr(record, "stopped_by", None) or error)
+            stop = self._callback(StopOnSignal)
+            if code is not None and stop is not None and stop.requeue_wanted:
+                # The cluster's warning signal: the checkpoint is written, now the job may go back in the queue.
+                message = stop.requeue() if self.trainer.is_global_zero else None
+                if message:
+                    print(message)
+                code = stop.exit_code()
             if code is not None:  # a stopped run is not a finished one: say so in the exit status
                 raise SystemExit(code) from None
             raise
@@ -156,6 +166,7 @@ class TrainerCLI(LightningCLI):
 
 def main(default_config: Path | None = None, args: list[str] | None = None) -> None:
     """Run the CLI; a user's mistake ends in one ``error:`` line and exit code 2 (usage) or 1."""
+    exit_when_launcher_dies()
     try:
         TrainerCLI(default_config=default_config, args=args)
     except Exception as error:

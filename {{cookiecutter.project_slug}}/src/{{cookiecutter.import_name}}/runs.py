@@ -7,6 +7,7 @@
 - **Resuming.** ``--ckpt_path last`` continues this config's run; failing that, the latest run
   of the same experiment folder, but only if its config is the same or ``--allow_config_change``
   is given. Anything else is refused before a file is written (see the README's table).
+- **Holding.** One process trains a run at a time (``run_lock.py``).
 - **Failing.** A session that fails before its first optimizer step leaves the disk as it was.
 """
 
@@ -26,6 +27,7 @@ from jsonargparse import Namespace
 
 from .config_hash import SHORT_LENGTH, canonical_config
 from .errors import UsageError
+from .run_lock import RunLock
 
 CHECKPOINTS = "checkpoints"
 LAST = "last.ckpt"
@@ -208,8 +210,8 @@ class Run:
         trainer.default_root_dir = str(self.directory)
 
     @contextmanager
-    def undone_on_failure(self, keep: Any) -> Iterator[None]:
-        """Restore the run directory as it was if the body raises and ``keep()`` is false.
+    def held(self, keep: Any) -> Iterator[None]:
+        """Hold the run (a ``fit`` takes its lock); restore its directory if the body raises and ``keep()`` is false.
 
         A new directory (and any folder above it made for it) is removed; in an existing one,
         files the session added are deleted and small files it rewrote (``config_hash.txt``,
@@ -218,6 +220,15 @@ class Run:
         """
         topmost_missing = next((p for p in reversed([self.directory, *self.directory.parents]) if not p.exists()), None)
         before = _snapshot(self.directory) if topmost_missing is None else {}
+        lock = RunLock(self.directory)
+        if self.subcommand == "fit":
+            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                lock.acquire()
+            except BaseException:  # held by another process: touch nothing of its run
+                if topmost_missing is not None:
+                    shutil.rmtree(topmost_missing, ignore_errors=True)
+                raise
         try:
             yield
         except BaseException:
@@ -227,6 +238,8 @@ class Run:
                 else:
                     _restore(self.directory, before)
             raise
+        finally:
+            lock.release()
 
 
 def _snapshot(directory: Path) -> dict[Path, bytes | None]:

@@ -8,6 +8,7 @@ from .model_report import ModelReport
 from .prediction_writer import PredictionWriter
 from .random_state import RandomState
 from .sample_grid import SampleGrid
+from .stop_on_signal import StopOnSignal
 from .throughput import ImageThroughput
 from .whitening import WhiteningFit
 
@@ -21,5 +22,6 @@ __all__ = [
     "PredictionWriter",
     "RandomState",
     "SampleGrid",
+    "StopOnSignal",
     "WhiteningFit",
 ]

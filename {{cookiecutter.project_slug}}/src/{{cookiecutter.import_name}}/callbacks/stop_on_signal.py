@@ -1,0 +1,114 @@
+"""SIGTERM (pre-emption) and the cluster's warning signal stop every rank at the same batch, with a checkpoint.
+
+Lightning's own handling has two flaws on a cluster. Its SIGTERM handler runs a collective
+(a broadcast) inside the signal handler, at whatever point each rank happens to be, so a
+multi-process run that receives SIGTERM hangs. Its SLURM handler for SIGUSR1 saves a checkpoint
+from inside the signal handler, wherever the step is, names it ``hpc_ckpt_N.ckpt`` (which
+``--ckpt_path last`` does not resume) and keeps training until the job is killed.
+
+Here a signal only sets a flag. After each training batch the ranks agree (one all-reduce, in
+multi-process runs only) whether any of them was signalled; if so, every rank raises
+Lightning's SIGTERM stop at the end of that same batch, where ``checkpoints/last.ckpt`` is written
+(``save_on_exception``) and from which ``--ckpt_path last`` resumes exactly. For the warning
+signal, rank 0 then requeues a SLURM job (``scontrol requeue``, called by the CLI once the
+checkpoint is on disk). The process exits with 128 + the signal's number.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from types import FrameType
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
+
+NO_SIGNAL, STOP, REQUEUE = 0, 1, 2  # what the ranks agree on: the largest wins
+
+
+class StopOnSignal(L.Callback):
+    """On SIGTERM or ``requeue_signal``: checkpoint at the next batch boundary on every rank and stop."""
+
+    def __init__(self, requeue_signal: str = "SIGUSR1") -> None:
+        """``requeue_signal``: what the scheduler sends before the time limit (``#SBATCH --signal``)."""
+        try:
+            self.requeue_signal = signal.Signals[requeue_signal]
+        except KeyError:
+            raise ValueError(f"requeue_signal: {requeue_signal!r} is not a signal name (e.g. SIGUSR1)") from None
+        if self.requeue_signal in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM, signal.SIGINT):
+            raise ValueError(f"requeue_signal: {requeue_signal} cannot be caught or already stops a run; use SIGUSR1")
+        self.received = NO_SIGNAL  # what this process was sent
+        self.agreed = NO_SIGNAL  # what all ranks stopped for
+        self.slurm_job: str | None = None
+        self._restore: dict[signal.Signals, Any] = {}
+
+    @property
+    def requeue_wanted(self) -> bool:
+        return self.agreed == REQUEUE
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        # A single-device strategy has no cluster environment, but a one-task SLURM job still has a job to requeue.
+        environment = getattr(trainer.strategy, "cluster_environment", None)
+        if environment is None and SLURMEnvironment.detect():
+            environment = SLURMEnvironment()
+        if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+            array = os.environ.get("SLURM_ARRAY_JOB_ID")
+            self.slurm_job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
+        self._restore = {number: signal.getsignal(number) for number in (signal.SIGTERM, self.requeue_signal)}
+        # Before Lightning registers its handlers: it leaves a signal that already has one alone.
+        signal.signal(self.requeue_signal, self._on_signal)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After Lightning registered its SIGTERM handler (it always does): this one replaces it.
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # os.write, not print: the signal may arrive while Python is printing (print would fail as reentrant).
+        message = f"{signal.Signals(signum).name}: stopping after this batch, with a checkpoint\n"
+        os.write(sys.stderr.fileno(), message.encode())
+        self.received = max(self.received, REQUEUE if signum == self.requeue_signal else STOP)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        agreed = self.received
+        if trainer.world_size > 1:
+            decision = torch.tensor(self.received, device=trainer.strategy.root_device)
+            agreed = int(trainer.strategy.reduce(decision, reduce_op="max").item())
+        if agreed != NO_SIGNAL:
+            self.agreed = agreed
+            # The flag Lightning's SIGTERM handler sets: the loop raises its stop at the end of this batch.
+            trainer._signal_connector.received_sigterm = True
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_handlers()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        for number, handler in self._restore.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        self._restore = {}
+
+    def exit_code(self) -> int:
+        return 128 + (self.requeue_signal if self.requeue_wanted else signal.SIGTERM)
+
+    def requeue(self) -> str | None:
+        """``scontrol requeue <job>`` under SLURM (the checkpoint must be on disk already); what happened, in words."""
+        if self.slurm_job is None:
+            return None
+        if not re.fullmatch(r"[0-9]+(_[0-9]+)?", self.slurm_job):
+            return f"Not requeued: SLURM_JOB_ID {self.slurm_job!r} is not a job id; resubmit the job"
+        try:
+            result = subprocess.run(["scontrol", "requeue", self.slurm_job], capture_output=True, text=True)
+        except OSError as error:
+            return f"Not requeued: scontrol: {error.strerror}; resubmit the job"
+        if result.returncode != 0:
+            return f"Not requeued: scontrol requeue {self.slurm_job}: {result.stderr.strip()}; resubmit the job"
+        return f"Requeued SLURM job {self.slurm_job}: the same command resumes it from checkpoints/last.ckpt"

@@ -1,0 +1,35 @@
+"""A rank whose launcher died stops within a second, instead of waiting out the collective timeout.
+
+Lightning's launcher (``--trainer.devices N``) and torchrun start the ranks as child processes
+and set ``LOCAL_RANK`` for them. If the launcher is killed (SIGKILL, an out-of-memory kill), the
+other ranks would block in their next all-reduce until the process group's timeout (30 minutes in
+the DDP preset), holding their GPUs. A started rank therefore watches its parent: once it is gone
+(the rank has been re-parented), the rank exits, and its loader workers follow it (PyTorch's
+workers exit when their parent does).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+POLL_SECONDS = 0.5
+LAUNCHER_GONE = 1
+
+
+def exit_when_launcher_dies() -> None:
+    """Watch the parent of a launched rank (``LOCAL_RANK`` set at start); do nothing for a process started by hand."""
+    if "LOCAL_RANK" not in os.environ:
+        return
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(POLL_SECONDS)
+        rank = os.environ.get("RANK", os.environ["LOCAL_RANK"])
+        print(f"error: the launcher of rank {rank} (pid {launcher}) is gone; this rank stops too", file=sys.stderr)
+        os._exit(LAUNCHER_GONE)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
