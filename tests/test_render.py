@@ -77,7 +77,7 @@ PACKAGE_FILES = {
     "config_hash.py",
     "checkpointing.py",
     "errors.py",
-    "launcher_watch.py",
+    "launch.py",
     "model_cost.py",
     "noise.py",
     "run_record.py",

@@ -1,11 +1,16 @@
-"""Real multi-process training on CPU (gloo): Lightning's launcher, torchrun, and a 2-node rendezvous."""
+"""Real multi-process training on CPU (gloo): Lightning's launcher, torchrun, the 2-node script, a killed launcher."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,22 +140,94 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_two_node_rendezvous_on_localhost(tmp_path):
+def test_two_nodes_started_by_the_torchrun_script_meet_at_the_rendezvous(tmp_path):
     write_indexed_archive(tmp_path / "data")
-    port = free_port()
-    nodes = []
-    for node_rank in (0, 1):
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-            f"--node_rank={node_rank}", "--master_addr=127.0.0.1", f"--master_port={port}",
-            str(PROJECT_ROOT / "main.py"), *ddp_args(tmp_path, "--trainer.num_nodes=2", "--trainer.devices=1"),
-        ]  # fmt: skip
-        nodes.append(
-            subprocess.Popen(
-                command, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
+    endpoint = {"NNODES": "2", "NPROC_PER_NODE": "1", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
+    env = cli_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **endpoint)  # its torchrun
+    script = PROJECT_ROOT / "scripts" / "torchrun.sh"
+    # The script gives the fit, the configs, num_nodes and devices; the probe and the tiny settings follow.
+    options = ddp_args(tmp_path)[5:]
+    nodes = [
+        subprocess.Popen(
+            ["bash", str(script), *options], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+        for _ in range(2)  # the same command on both "nodes": ranks are agreed at the rendezvous
+    ]
+    outputs = [node.communicate(timeout=300)[0].decode() for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     check_shards_and_weights(tmp_path)
-    only_run_dir(tmp_path)
+    config = yaml.safe_load((only_run_dir(tmp_path) / "config.yaml").read_text())
+    assert (config["trainer"]["num_nodes"], str(config["trainer"]["devices"])) == (2, "1")
+
+
+def live_processes_of_group(group: int) -> list[int]:
+    """The pids of processes in a process group that are still running (exited ones awaiting a reaper aside)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while being read
+            continue
+        state, process_group = fields[0], int(fields[2])
+        if process_group == group and state not in ("Z", "X"):
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_killing_rank_zero_ends_every_process_of_the_run_within_seconds(tmp_path):
+    write_indexed_archive(tmp_path / "data")
+    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    args = ddp_args(tmp_path, "--trainer.devices=2", "--data.num_workers=2", "--trainer.max_epochs=3", probe)
+    launcher = subprocess.Popen(
+        [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
+        cwd=tmp_path,
+        env=cli_env(KILL_AT="train_batch:1:2", KILL_RANK="0"),  # SIGKILL rank 0, the launcher, mid-epoch
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the run's processes: this process group
+    )
+    try:
+        assert launcher.wait(timeout=300) == -signal.SIGKILL
+        deadline = time.monotonic() + 20
+        while live_processes_of_group(launcher.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert live_processes_of_group(launcher.pid) == [], "ranks or loader workers outlived the launcher by 20 s"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_a_rank_whose_launcher_dies_stops_instead_of_waiting_for_the_timeout(tmp_path):
+    # A rank waiting at the rendezvous for a rank 0 that is gone would wait out the 30-minute
+    # timeout (as NCCL ranks in a collective do; gloo ranks notice the closed connection themselves).
+    write_indexed_archive(tmp_path / "data")
+    rank_one = {"LOCAL_RANK": "1", "NODE_RANK": "0", "WORLD_SIZE": "2"}
+    rank_one |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # where no rank 0 will ever listen
+    start_and_wait = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(600)"
+    command = [sys.executable, str(PROJECT_ROOT / "main.py"), *ddp_args(tmp_path, "--trainer.devices=2")]
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", start_and_wait, *command],
+        cwd=tmp_path,
+        env=cli_env(**rank_one),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in launcher.stderr:  # the rank's own output, through the launcher's
+            if "Initializing distributed: GLOBAL_RANK: 1" in line:
+                break
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 20
+        while live_processes_of_group(launcher.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert live_processes_of_group(launcher.pid) == [], "the rank outlived its launcher by 20 s"
+        assert "the launcher of rank 1" in launcher.stderr.read()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.stderr.close()

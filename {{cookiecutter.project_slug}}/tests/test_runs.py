@@ -7,8 +7,11 @@ and leaves every file under the working folder byte for byte as it was.
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from .conftest import (
     DATASET,
     FAST_ARGS,
     PROJECT_ROOT,
+    cli_env,
     default_config,
     fit_args,
     only_run_dir,
@@ -259,3 +263,38 @@ def test_ctrl_c_resume_extend_as_a_user_types_them(tmp_path):
     run_cli(*fit_args("data", probe, *extend), cwd=tmp_path)
     assert torch.load(last, weights_only=True)["global_step"] == 30
     assert only_run_dir(tmp_path) == run_dir  # one run, continued
+
+
+def test_a_run_is_trained_by_one_process_at_a_time(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    command = fit_args("data", probe, "--ckpt_path=last", "--allow_fresh_start=true")
+    # The first fit stops itself (SIGSTOP) after its third batch: alive, holding the run.
+    holder = subprocess.Popen(
+        [sys.executable, str(PROJECT_ROOT / "main.py"), *command],
+        cwd=tmp_path,
+        env=cli_env(KILL_AT="train_batch:0:2", KILL_SIGNAL="SIGSTOP"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _, status = os.waitpid(holder.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), "the first fit ended instead of pausing"
+        run_dir = only_run_dir(tmp_path)
+        lock = run_dir / "run.lock"
+        assert lock.read_text() == f"pid {holder.pid} on {socket.gethostname()}\n"
+        before = tree(tmp_path)
+        second = run_cli(*command, cwd=tmp_path, check=False)
+        assert second.returncode == 2
+        assert second.stderr.splitlines() == [
+            f"error: {run_dir.relative_to(tmp_path)} is being trained by pid {holder.pid} on {socket.gethostname()} "
+            f"({lock.relative_to(tmp_path)}); wait for it to end or stop it, then resume with --ckpt_path last"
+        ]
+        assert tree(tmp_path) == before and lock.is_file()
+    finally:
+        holder.kill()  # kill -9: its lock file stays behind, its lock goes with it
+        holder.wait()
+    assert lock.is_file()
+    taken_over = run_cli(*command, cwd=tmp_path)  # no prompt, no stale-lock error
+    assert f"Run: {run_dir.relative_to(tmp_path)}" in taken_over.stdout
+    assert not lock.exists()  # a finished run lets go of it

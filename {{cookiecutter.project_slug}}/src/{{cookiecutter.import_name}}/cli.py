@@ -20,7 +20,7 @@ from .data import CifarDataModule
 from .data.archive import fingerprint
 from .data.cifar_format import FORMATS
 from .errors import UsageError, exit_with, full_error_wanted, parse_error_line, stopped_exit_code
-from .launcher_watch import exit_when_launcher_dies
+from .launch import exit_when_launcher_dies, launched_as_rank_zero
 from .models import ImageClassifier
 from .noise import silence_known_noise
 from .run_record import RunRecord
@@ -120,6 +120,8 @@ class TrainerCLI(LightningCLI):
             identity = RunIdentity.of(resolved_config(parser, config), data)
         allow_change = subcommand == "fit" and config.allow_config_change
         self.run = Run.plan(subcommand, identity, experiment, checkpoint, stored, allow_change)
+        if launched_as_rank_zero():  # the process that writes the run holds it from here on
+            self.run.take()
 
     def before_instantiate_classes(self) -> None:
         if self.run is None:
@@ -130,8 +132,12 @@ class TrainerCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except ValueError as error:  # the constructors' checks of config values
-            raise UsageError(f"{error}; fix that value in the config or on the command line") from error
+        except BaseException as error:
+            if self.run is not None and launched_as_rank_zero():
+                self.run.undo()
+            if isinstance(error, ValueError):  # the constructors' checks of config values
+                raise UsageError(f"{error}; fix that value in the config or on the command line") from error
+            raise
 
     def _callback(self, kind: type[T]) -> T | None:
         return next((callback for callback in self.trainer.callbacks if isinstance(callback, kind)), None)

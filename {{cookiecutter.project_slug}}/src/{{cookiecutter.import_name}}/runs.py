@@ -19,7 +19,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,10 @@ class Run:
     identity: RunIdentity
     directory: Path
     checkpoint: Path | str | None = None
+    # What ``take`` found and holds.
+    _topmost_missing: Path | None = field(default=None, init=False, repr=False)
+    _before: dict[Path, bytes | None] = field(default_factory=dict, init=False, repr=False)
+    _lock: RunLock | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def plan(
@@ -209,37 +213,58 @@ class Run:
         # SLURM job auto-resumes only a run of its own config.
         trainer.default_root_dir = str(self.directory)
 
-    @contextmanager
-    def held(self, keep: Any) -> Iterator[None]:
-        """Hold the run (a ``fit`` takes its lock); restore its directory if the body raises and ``keep()`` is false.
+    def take(self) -> None:
+        """Note what the directory holds now and, for ``fit``, take its lock (see ``run_lock.py``) or refuse.
+
+        Called once the run is planned, before anything is built or written, by the process that
+        writes the run (rank 0).
+        """
+        self._topmost_missing = next(
+            (p for p in reversed([self.directory, *self.directory.parents]) if not p.exists()), None
+        )
+        self._before = _snapshot(self.directory) if self._topmost_missing is None else {}
+        self._lock = RunLock(self.directory)
+        if self.subcommand == "fit":
+            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                self._lock.acquire()
+            except BaseException:  # held by another process: touch nothing of its run
+                self._remove_created()
+                raise
+
+    def _remove_created(self) -> None:
+        if self._topmost_missing is not None:
+            shutil.rmtree(self._topmost_missing, ignore_errors=True)
+
+    def undo(self) -> None:
+        """Put the directory back as ``take`` found it and let go of the lock.
 
         A new directory (and any folder above it made for it) is removed; in an existing one,
         files the session added are deleted and small files it rewrote (``config_hash.txt``,
         ``hparams.yaml``) get their old bytes back. Checkpoints are never rewritten before the
         first step (see ``RunRecord.on_exception``), so they need no restoring.
         """
-        topmost_missing = next((p for p in reversed([self.directory, *self.directory.parents]) if not p.exists()), None)
-        before = _snapshot(self.directory) if topmost_missing is None else {}
-        lock = RunLock(self.directory)
-        if self.subcommand == "fit":
-            self.directory.mkdir(parents=True, exist_ok=True)
-            try:
-                lock.acquire()
-            except BaseException:  # held by another process: touch nothing of its run
-                if topmost_missing is not None:
-                    shutil.rmtree(topmost_missing, ignore_errors=True)
-                raise
+        if self._lock is None:
+            return
+        if self._topmost_missing is not None:
+            self._remove_created()
+        else:
+            _restore(self.directory, self._before)
+        self._lock.release()
+
+    @contextmanager
+    def held(self, keep: Any) -> Iterator[None]:
+        """Run the body with the run taken; ``undo`` if it raises and ``keep()`` is false; let go at the end."""
+        if self._lock is None:
+            self.take()
         try:
             yield
         except BaseException:
             if not keep():
-                if topmost_missing is not None:
-                    shutil.rmtree(topmost_missing, ignore_errors=True)
-                else:
-                    _restore(self.directory, before)
+                self.undo()
             raise
         finally:
-            lock.release()
+            self._lock.release()
 
 
 def _snapshot(directory: Path) -> dict[Path, bytes | None]:

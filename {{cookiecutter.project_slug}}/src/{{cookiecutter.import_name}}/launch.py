@@ -1,4 +1,4 @@
-"""A rank whose launcher died stops within a second, instead of waiting out the collective timeout.
+"""How this process was launched: whether it is rank 0, and, for a started rank, stopping when its launcher dies.
 
 Lightning's launcher (``--trainer.devices N``) and torchrun start the ranks as child processes
 and set ``LOCAL_RANK`` for them. If the launcher is killed (SIGKILL, an out-of-memory kill), the
@@ -33,3 +33,15 @@ def exit_when_launcher_dies() -> None:
         os._exit(LAUNCHER_GONE)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def launched_as_rank_zero() -> bool:
+    """Whether this process is global rank 0, from what launchers set before the trainer exists.
+
+    Lightning's launcher gives its ranks ``LOCAL_RANK`` (and each node ``NODE_RANK``), torchrun
+    ``RANK``, SLURM ``SLURM_PROCID``.
+    """
+    for variable in ("RANK", "SLURM_PROCID"):
+        if variable in os.environ:
+            return int(os.environ[variable]) == 0
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
