@@ -35,6 +35,7 @@ COMMON_FILES = {
     "pyproject.toml",
     "main.py",
     "export.py",
+    "sweep.py",
     "configs/cifar10_fast.yaml",
     "configs/presets/early_stopping.yaml",
     "configs/presets/ddp.yaml",
@@ -68,6 +69,7 @@ COMMON_FILES = {
     "tests/test_predict.py",
     "tests/test_reproducibility.py",
     "tests/test_runs.py",
+    "tests/test_sweep.py",
     "tests/test_tensorboard_pages.py",
     "tests/test_tensorrt.py",
 }
@@ -84,6 +86,12 @@ PACKAGE_FILES = {
     "run_lock.py",
     "runs.py",
     "summary.py",
+    "sweeps/__init__.py",
+    "sweeps/report.py",
+    "sweeps/space.py",
+    "sweeps/study.py",
+    "sweeps/trial.py",
+    "sweeps/validate.py",
     "callbacks/__init__.py",
     "callbacks/confusion_matrix.py",
     "callbacks/grad_scale_watchdog.py",
@@ -134,7 +142,7 @@ COMBINATIONS = [
 
 def expected_files(import_name: str, dataset: str) -> set[str]:
     package = {f"src/{import_name}/{name}" for name in PACKAGE_FILES}
-    return COMMON_FILES | package | {f"configs/{dataset}.yaml"}
+    return COMMON_FILES | package | {f"configs/{dataset}.yaml", f"configs/sweeps/{dataset}.yaml"}
 
 
 def rendered_files(project: Path) -> set[str]:

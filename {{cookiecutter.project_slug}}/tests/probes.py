@@ -1,4 +1,7 @@
-"""Callbacks the tests add on the command line: what each rank was fed and ended with; a kill at a chosen moment."""
+"""Callbacks the tests add on the command line: what each rank was fed and ended with; a kill at a chosen moment.
+
+And a pruner that sweep files of the tests name, whose decisions do not depend on the numbers.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import signal
 from pathlib import Path
 
 import lightning as L
+import optuna
 
 
 class DataProbe(L.Callback):
@@ -68,3 +72,13 @@ class KillAt(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self._kill_if(f"after_checkpoint:{trainer.current_epoch}")
+
+
+class PruneLaterTrials(optuna.pruners.BasePruner):
+    """Prune every trial but the first once it has reported ``after`` values (epochs)."""
+
+    def __init__(self, after: int = 1) -> None:
+        self.after = after
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        return trial.number > 0 and len(trial.intermediate_values) >= self.after

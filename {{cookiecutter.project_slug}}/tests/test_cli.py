@@ -66,7 +66,8 @@ def test_fit_writes_checkpoints_logs_and_config(trained):
     assert "model/cost/text_summary" in tags["tensors"]  # the model's cost, in the TEXT tab
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["model"]["backbone"]["init_args"]["width"] == 4 and config["data"]["batch_size"] == 16
-    assert run_dir.name == config["trainer"]["logger"]["init_args"]["version"]
+    # Where files go is recorded as given, not as placed, so config.yaml names this run again from anywhere.
+    assert config["trainer"]["logger"]["init_args"]["version"] is None and config["ckpt_path"] is None
 
 
 def test_same_command_again_refuses_to_start_over(trained):
@@ -75,6 +76,9 @@ def test_same_command_again_refuses_to_start_over(trained):
     result = run_cli(*fit_args(root / "data"), cwd=root, check=False)
     assert result.returncode != 0
     assert "already holds checkpoints" in result.stderr and "--ckpt_path last" in result.stderr
+    # The run's own config.yaml names the same run (where files go and launch switches are not its identity).
+    again = run_cli("fit", "--config", str(run_dir / "config.yaml"), cwd=root, check=False)
+    assert again.returncode == 2 and f"{run_dir.relative_to(root)} already holds checkpoints" in again.stderr
     assert sorted(p.name for p in run_dir.rglob("*")) == before
 
 

@@ -16,6 +16,8 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r"Checkpoint directory .* exists and is not empty", UserWarning),
     # validate/test/predict log inside the run, so the checkpoint callbacks' folder moves on purpose
     (r"The dirpath has changed from", UserWarning),
+    # sweep.py hands each trial its own arguments while its own are in sys.argv, on purpose
+    (r"LightningCLI's args parameter is intended to run from within Python", UserWarning),
 )
 # Lightning's advertisements for its hosted services, logged at every start.
 ADVERTISEMENT = "💡 Tip:"

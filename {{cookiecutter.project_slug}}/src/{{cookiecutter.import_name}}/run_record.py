@@ -52,6 +52,7 @@ class RunRecord(SaveConfigCallback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.already_saved:
+            self.config = self.run.as_given(self.config)  # config.yaml starts this run again, from anywhere
             self.log_dir = trainer.log_dir  # a collective call: every rank makes it, here
             recorded = self._recorded_hashes() if trainer.is_global_zero else []
             recorded = trainer.strategy.broadcast(recorded)

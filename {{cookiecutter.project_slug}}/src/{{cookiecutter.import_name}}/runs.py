@@ -25,7 +25,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from .config_hash import SHORT_LENGTH, canonical_config
+from .config_hash import LAUNCH_SWITCHES, SHORT_LENGTH, canonical_config
 from .errors import UsageError
 from .run_lock import RunLock
 
@@ -159,6 +159,8 @@ class Run:
     _topmost_missing: Path | None = field(default=None, init=False, repr=False)
     _before: dict[Path, bytes | None] = field(default_factory=dict, init=False, repr=False)
     _lock: RunLock | None = field(default=None, init=False, repr=False)
+    # The placement keys as given, before ``place`` pointed them at this run.
+    _given: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def plan(
@@ -204,8 +206,11 @@ class Run:
 
     def place(self, trainer: Namespace) -> None:
         """Point the logger (or, without one, the root dir) at this run's directory."""
+        self._given = {"trainer.default_root_dir": trainer.get("default_root_dir")}
         logger = trainer.get("logger")
         if isinstance(logger, Namespace) and "save_dir" in logger.get("init_args", Namespace()):
+            for key in ("save_dir", "name", "version"):
+                self._given[f"trainer.logger.init_args.{key}"] = logger.init_args.get(key)
             logger.init_args.save_dir = str(self.directory.parent)
             logger.init_args.name = ""
             logger.init_args.version = self.directory.name
@@ -251,6 +256,20 @@ class Run:
         else:
             _restore(self.directory, self._before)
         self._lock.release()
+
+    def as_given(self, config: Namespace) -> Namespace:
+        """``config`` with where files go as the user gave it and no launch switch: what ``config.yaml`` records.
+
+        So ``main.py fit --config <run>/config.yaml`` names this same run again (placement and
+        launch switches are outside the run's identity, see ``config_hash.py``).
+        """
+        config = config.clone()
+        for key, value in self._given.items():
+            config[key] = value
+        for key in LAUNCH_SWITCHES:
+            if key in config:
+                config[key] = None if key == "ckpt_path" else False
+        return config
 
     @contextmanager
     def held(self, keep: Any) -> Iterator[None]:

@@ -1,0 +1,89 @@
+"""Search hyperparameters with Optuna; every trial is an ordinary ``main.py fit`` run.
+
+python sweep.py --sweep configs/sweeps/{{ cookiecutter.dataset }}.yaml [--n_trials N] [--storage URL] [--study NAME] [fit options ...]
+python sweep.py --sweep configs/sweeps/{{ cookiecutter.dataset }}.yaml --show     (the table, best.yaml and plots of a study so far)
+
+Fit options (``--config ...``, ``--trainer.max_epochs 5``, ...) apply to every trial. Start the
+same command again, on this machine or another with the same ``--storage``, to add a worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from {{ cookiecutter.import_name }}.errors import UsageError, exit_with
+from {{ cookiecutter.import_name }}.noise import silence_known_noise
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "{{ cookiecutter.dataset }}.yaml"
+EXTRA = "sweep"  # the optional dependencies this command needs: pip install -e ".[sweep]"
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """A bad option is one line, as in main.py, not a page of usage."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}; see python sweep.py --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--sweep", type=Path, required=True, help="the sweep file: metric, direction, space (see configs/sweeps/)")
+    add("--n_trials", type=int, help="trials the study should have, all workers together (default: the sweep file's)")
+    add("--storage", default="sqlite:///runs/sweeps.db", help="sqlite:///PATH, a database URL, or journal:PATH")
+    add("--study", help="the study's name; workers with the same name and storage share it (default: the file's stem)")
+    add("--show", action="store_true", help="run no trial: print the table, write best.yaml and the plots")
+    add("--heartbeat_interval", type=int, default=60, help="seconds between a running trial's heartbeats")
+    add("--grace_period", type=int, default=180, help="seconds without a heartbeat before a trial counts as dead")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    silence_known_noise()
+    options, fit_options = parse_args(argv)
+    try:
+        try:
+            import optuna  # noqa: F401  (the optional extra)
+            import optuna_integration  # noqa: F401
+            import plotly  # noqa: F401
+        except ImportError as error:
+            raise UsageError(f"sweeps need {error.name}, which is not installed; pip install -e '.[{EXTRA}]'") from None
+        from {{ cookiecutter.import_name }}.sweeps.report import table, write_best_config, write_plots
+        from {{ cookiecutter.import_name }}.sweeps.space import SweepSpec
+        from {{ cookiecutter.import_name }}.sweeps.study import JOURNAL_PREFIX, open_storage, open_study, run_worker
+        from {{ cookiecutter.import_name }}.sweeps.trial import TrialObjective
+        from {{ cookiecutter.import_name }}.sweeps.validate import check_space
+
+        spec = SweepSpec.read(options.sweep)
+        name = options.study or options.sweep.stem
+        n_trials = options.n_trials or spec.n_trials
+        if not options.show:
+            if n_trials is None or n_trials < 1:
+                raise UsageError("how many trials? give --n_trials N (a positive number) or n_trials in the sweep file")
+            check_space(spec, fit_options, DEFAULT_CONFIG)  # every key and end of range, before any trial
+        storage = open_storage(options.storage, options.heartbeat_interval, options.grace_period)
+        study = open_study(spec, name, storage)
+        if not options.show:
+            heartbeats = None if options.storage.startswith(JOURNAL_PREFIX) else options.heartbeat_interval
+            run_worker(study, TrialObjective(spec, fit_options, name, DEFAULT_CONFIG), n_trials, heartbeats)
+        output_dir = Path("runs") / "sweeps" / name
+        output_dir.mkdir(parents=True, exist_ok=True)
+        print(table(study, spec.metric))
+        best = write_best_config(study, output_dir)
+        plots, skipped = write_plots(study, output_dir)
+    except Exception as error:  # a user's mistake: one line (FULL_ERROR=1: the traceback)
+        exit_with(error)
+    if best:
+        print(f"Best config: {best} (python main.py fit --config {best})")
+    skipped_line = f"; skipped {'; '.join(skipped)}" if skipped else ""
+    print(f"Plots: {', '.join(str(path) for path in plots) or 'none'}{skipped_line}")
+    print(f"Live view: optuna-dashboard {options.storage}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
