@@ -42,6 +42,8 @@ COMMON_FILES = {
     "configs/presets/debug.yaml",
     "configs/presets/fast_dev_run.yaml",
     "configs/presets/step_checkpoints.yaml",
+    "configs/presets/mlflow.yaml",
+    "configs/presets/wandb.yaml",
     "scripts/lock.sh",
     "scripts/slurm.sbatch",
     "scripts/tensorboard_screenshots.py",
@@ -72,6 +74,7 @@ COMMON_FILES = {
     "tests/test_sweep.py",
     "tests/test_tensorboard_pages.py",
     "tests/test_tensorrt.py",
+    "tests/test_tracking.py",
 }
 PACKAGE_FILES = {
     "__init__.py",

@@ -29,6 +29,8 @@ from .summary import evaluation_summary, fit_summary, interruption_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 T = TypeVar("T")
+# Optional extras of pyproject.toml that a logger preset needs (configs/presets/mlflow.yaml, wandb.yaml).
+TRACKER_EXTRAS = ("mlflow", "wandb")
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
@@ -137,6 +139,10 @@ class TrainerCLI(LightningCLI):
                 self.run.undo()
             if isinstance(error, ValueError):  # the constructors' checks of config values
                 raise UsageError(f"{error}; fix that value in the config or on the command line") from error
+            if isinstance(error, ModuleNotFoundError):  # a tracker's logger without its package (Lightning's message)
+                extra = next((name for name in TRACKER_EXTRAS if name in str(error).lower()), None)
+                if extra:
+                    raise UsageError(f"the {extra} logger needs its package; pip install -e '.[{extra}]'") from None
             raise
 
     def _callback(self, kind: type[T]) -> T | None:

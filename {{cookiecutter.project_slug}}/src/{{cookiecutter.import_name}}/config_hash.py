@@ -26,9 +26,7 @@ EXCLUDED_KEYS: tuple[str, ...] = (
     "config",  # the config files' paths; their content is in the rest of the config
     *LAUNCH_SWITCHES,
     "trainer.default_root_dir",  # output location
-    "trainer.logger.init_args.save_dir",  # output location
-    "trainer.logger.init_args.name",  # output location
-    "trainer.logger.init_args.version",  # output location (set from this hash)
+    "trainer.logger",  # where and to which trackers metrics go (TensorBoard, MLflow, W&B), never what is computed
     "trainer.callbacks.*.init_args.dirpath",  # checkpoint location
     "trainer.enable_progress_bar",  # console output only
     "trainer.enable_model_summary",  # console output only

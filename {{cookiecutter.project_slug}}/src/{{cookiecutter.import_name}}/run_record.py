@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
 from .runs import HASH_FILENAME, Run
 
@@ -28,7 +30,9 @@ class RunRecord(SaveConfigCallback):
     """
 
     def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        # config.yaml goes to the run directory, not to trainer.log_dir: the first logger's folder,
+        # which an MLflow logger (a database, no folder) does not have.
+        super().__init__(*args, save_to_log_dir=False, **kwargs)
         self.run = run
         self.first_step: int | None = None
         self._last_step = 0
@@ -53,7 +57,7 @@ class RunRecord(SaveConfigCallback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.already_saved:
             self.config = self.run.as_given(self.config)  # config.yaml starts this run again, from anywhere
-            self.log_dir = trainer.log_dir  # a collective call: every rank makes it, here
+            self.log_dir = str(self.run.directory)
             recorded = self._recorded_hashes() if trainer.is_global_zero else []
             recorded = trainer.strategy.broadcast(recorded)
             if recorded and self.run.identity.hash not in recorded:
@@ -69,10 +73,17 @@ class RunRecord(SaveConfigCallback):
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # rank 0 only: no collectives here
+        config_path = Path(self.log_dir, self.config_filename)
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, str(config_path), skip_none=False, overwrite=True, multifile=self.multifile)
         with open(Path(self.log_dir, HASH_FILENAME), "a") as hashes:
             hashes.write(self.run.identity.hash + "\n")
         for logger in trainer.loggers:
             logger.log_hyperparams({"config_hash": self.run.identity.hash})
+            if not isinstance(logger, TensorBoardLogger | CSVLogger):  # a tracker: the whole config as its parameters
+                logger.log_hyperparams(json.loads(self.run.identity.canonical))
+            if isinstance(logger, MLFlowLogger):  # and the file itself
+                logger.experiment.log_artifact(logger.run_id, str(config_path))
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint["config_hash"] = self.run.identity.hash

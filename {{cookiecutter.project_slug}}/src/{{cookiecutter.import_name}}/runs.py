@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from .config_hash import LAUNCH_SWITCHES, SHORT_LENGTH, canonical_config
 from .errors import UsageError
@@ -83,16 +85,32 @@ def describe(changes: dict[str, str]) -> str:
     return "; ".join(f"{key}: {change}" for key, change in changes.items())
 
 
+def loggers(trainer: Namespace) -> list[Namespace]:
+    """The configured loggers (``trainer.logger`` is one or a list), as class_path/init_args namespaces."""
+    logger = trainer.get("logger")
+    return [item for item in (logger if isinstance(logger, list) else [logger]) if isinstance(item, Namespace)]
+
+
+def logger_class(logger: Namespace) -> type:
+    module, _, name = str(logger.class_path).rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def is_directory_logger(logger: Namespace) -> bool:
+    """A logger that writes into ``save_dir/name/version`` (TensorBoard, CSV): it places the run directory."""
+    return issubclass(logger_class(logger), TensorBoardLogger | CSVLogger)
+
+
 def experiment_dir(trainer: Namespace) -> Path:
-    """The folder holding one directory per run: the logger's ``save_dir/name``, or ``runs``.
+    """The folder holding one directory per run: the first TensorBoard (or CSV) logger's ``save_dir/name``, or ``runs``.
 
     A relative ``save_dir`` lies under ``trainer.default_root_dir`` when that is given.
     """
     root = Path(trainer.get("default_root_dir") or ".")
-    logger = trainer.get("logger")
-    if isinstance(logger, Namespace) and "save_dir" in logger.get("init_args", Namespace()):
-        args = logger.init_args
-        return root / str(args.save_dir) / str(args.get("name") or "")
+    for logger in loggers(trainer):
+        if is_directory_logger(logger):
+            args = logger.init_args
+            return root / str(args.save_dir) / str(args.get("name") or "")
     return root / "runs"
 
 
@@ -160,7 +178,7 @@ class Run:
     _before: dict[Path, bytes | None] = field(default_factory=dict, init=False, repr=False)
     _lock: RunLock | None = field(default=None, init=False, repr=False)
     # The placement keys as given, before ``place`` pointed them at this run.
-    _given: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _given: dict[str | tuple[int, str], Any] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def plan(
@@ -205,15 +223,32 @@ class Run:
         return cls(subcommand, identity, directory, checkpoint)
 
     def place(self, trainer: Namespace) -> None:
-        """Point the logger (or, without one, the root dir) at this run's directory."""
+        """Point the loggers (and the root dir) at this run: its directory, its name (the short hash).
+
+        TensorBoard (or CSV) loggers write into the run directory and come first in the list, since
+        Lightning puts checkpoints under the first logger's folder; an MLflow run and a W&B run are
+        named by the hash (unless named in the config), and W&B's offline files go into the run directory.
+        """
         self._given = {"trainer.default_root_dir": trainer.get("default_root_dir")}
-        logger = trainer.get("logger")
-        if isinstance(logger, Namespace) and "save_dir" in logger.get("init_args", Namespace()):
-            for key in ("save_dir", "name", "version"):
-                self._given[f"trainer.logger.init_args.{key}"] = logger.init_args.get(key)
-            logger.init_args.save_dir = str(self.directory.parent)
-            logger.init_args.name = ""
-            logger.init_args.version = self.directory.name
+        if isinstance(trainer.get("logger"), list):
+            trainer.logger = sorted(trainer.logger, key=lambda item: not (isinstance(item, Namespace)
+                                                                         and is_directory_logger(item)))  # fmt: skip
+        placements = {"save_dir": str(self.directory.parent), "name": "", "version": self.directory.name}
+        for index, logger in enumerate(loggers(trainer)):
+            kind, args = logger_class(logger), logger.get("init_args", Namespace())
+            if issubclass(kind, TensorBoardLogger | CSVLogger):
+                wanted = placements
+            elif kind.__name__ == "MLFlowLogger" and args.get("run_name") is None:
+                wanted = {"run_name": self.directory.name}
+            elif kind.__name__ == "WandbLogger":
+                wanted = {"save_dir": str(self.directory)}
+                if not args.get("name"):
+                    wanted["name"] = self.directory.name
+            else:
+                continue
+            for key, value in wanted.items():
+                self._given[(index, key)] = args.get(key)
+                logger.init_args[key] = value
         # Lightning's own files (SLURM's hpc_ckpt_*.ckpt, profiler output) go here too, so that a
         # SLURM job auto-resumes only a run of its own config.
         trainer.default_root_dir = str(self.directory)
@@ -265,7 +300,10 @@ class Run:
         """
         config = config.clone()
         for key, value in self._given.items():
-            config[key] = value
+            if isinstance(key, tuple):  # (logger index, init_args key)
+                loggers(config.trainer)[key[0]].init_args[key[1]] = value
+            else:
+                config[key] = value
         for key in LAUNCH_SWITCHES:
             if key in config:
                 config[key] = None if key == "ckpt_path" else False

@@ -7,6 +7,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import MLFlowLogger
 
 from .run_record import RunRecord
 
@@ -67,6 +68,9 @@ def fit_summary(trainer: L.Trainer, record: RunRecord) -> str:
         )
     if trainer.logger is not None and trainer.logger.save_dir:
         lines.append(f"TensorBoard: tensorboard --logdir {Path(trainer.logger.save_dir)}")
+    for logger in trainer.loggers:
+        if isinstance(logger, MLFlowLogger):
+            lines.append(f"MLflow: run {logger.run_id}; mlflow ui --backend-store-uri {logger._tracking_uri}")
     return "\n".join(lines)
 
 

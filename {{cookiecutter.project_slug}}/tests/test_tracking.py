@@ -1,0 +1,63 @@
+"""MLflow and W&B as stackable presets, read back with their own clients; TensorBoard callbacks without TensorBoard."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from .conftest import PROJECT_ROOT, fit_args, only_run_dir, run_cli, write_tiny_archive
+
+PRESETS = PROJECT_ROOT / "configs" / "presets"
+
+# mlflow 3.17's SQL store uses a SQLAlchemy 2.1 loader option that SQLAlchemy deprecates
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
+
+
+def test_the_mlflow_preset_tracks_the_run_beside_tensorboard(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    run_cli(*fit_args("data", "--config", str(PRESETS / "mlflow.yaml")), cwd=tmp_path)
+    run_dir = only_run_dir(tmp_path)
+    full_hash = (run_dir / "config_hash.txt").read_text().split()[0]
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["{{ cookiecutter.project_slug }}"], output_format="list")
+    assert run.info.run_name == run_dir.name  # named by the config hash
+    assert run.data.params["config_hash"] == full_hash
+    assert run.data.params["model/optimizer/class_path"] == "torch.optim.SGD"  # the whole config, flattened
+    assert 0 <= run.data.metrics["val/top1"] <= 1 and "train/loss_step" in run.data.metrics
+    artifacts = [item.path for item in mlflow.MlflowClient().list_artifacts(run.info.run_id)]
+    assert artifacts == ["config.yaml"]
+    assert (tmp_path / "runs" / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists()
+    events = EventAccumulator(str(run_dir))  # TensorBoard is still there, with everything
+    events.Reload()
+    assert "val/top1" in events.Tags()["scalars"] and events.Tags()["histograms"]
+    # The tracker is not part of the run's identity: the same config without it is the same run.
+    again = run_cli(*fit_args("data"), cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "already holds checkpoints" in again.stderr
+
+
+def test_the_wandb_preset_writes_an_offline_run_into_the_run_directory(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    quiet = {"WANDB_SILENT": "true"}
+    result = run_cli(*fit_args("data", "--config", str(PRESETS / "wandb.yaml")), cwd=tmp_path, env=quiet)
+    run_dir = only_run_dir(tmp_path)
+    (offline,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")  # what `wandb sync` uploads
+    recorded = offline.read_bytes()
+    assert (run_dir / "config_hash.txt").read_text().split()[0].encode() in recorded  # the hash ...
+    assert b"data_fingerprint" in recorded and b"val/top1" in recorded  # ... the whole config and the metrics
+    assert "Run: " in result.stdout
+
+
+def test_tensorboard_callbacks_skip_with_one_notice_when_only_another_tracker_logs(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    only_mlflow = tmp_path / "only_mlflow.yaml"
+    logger = yaml.safe_load((PRESETS / "mlflow.yaml").read_text())["trainer"]["logger+"][0]
+    only_mlflow.write_text(yaml.safe_dump({"trainer": {"logger": logger}}))
+    result = run_cli(*fit_args("data", "--config", str(only_mlflow)), cwd=tmp_path)
+    notices = [line.split("UserWarning: ")[1] for line in result.stderr.splitlines() if "UserWarning: " in line]
+    notices = [notice for notice in notices if "no TensorBoardLogger attached" in notice]
+    assert notices and len(notices) == len(set(notices))  # one per callback, not one per step
+    (checkpoint,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")  # the run is still placed and saved
+    assert (checkpoint.parents[1] / "config.yaml").is_file()
