@@ -11,8 +11,11 @@ from .conftest import PROJECT_ROOT, fit_args, only_run_dir, run_cli, write_tiny_
 
 PRESETS = PROJECT_ROOT / "configs" / "presets"
 
-# mlflow 3.17's SQL store uses a SQLAlchemy 2.1 loader option that SQLAlchemy deprecates
-pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
+pytestmark = [
+    pytest.mark.slow,  # real fits; what they prove does not depend on the answers
+    # mlflow 3.17's SQL store uses a SQLAlchemy 2.1 loader option that SQLAlchemy deprecates
+    pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated"),
+]
 
 
 def test_the_mlflow_preset_tracks_the_run_beside_tensorboard(tmp_path):
@@ -59,5 +62,7 @@ def test_tensorboard_callbacks_skip_with_one_notice_when_only_another_tracker_lo
     notices = [line.split("UserWarning: ")[1] for line in result.stderr.splitlines() if "UserWarning: " in line]
     notices = [notice for notice in notices if "no TensorBoardLogger attached" in notice]
     assert notices and len(notices) == len(set(notices))  # one per callback, not one per step
-    (checkpoint,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")  # the run is still placed and saved
+    (checkpoint,) = tmp_path.glob("runs/*/checkpoints/last.ckpt")  # in runs/<hash>/, as always without TensorBoard
     assert (checkpoint.parents[1] / "config.yaml").is_file()
+    resumed = run_cli(*fit_args("data", "--config", str(only_mlflow), "--ckpt_path=last"), cwd=tmp_path)
+    assert "Nothing left to train" in resumed.stdout

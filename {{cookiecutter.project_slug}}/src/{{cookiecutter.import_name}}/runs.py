@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from .config_hash import LAUNCH_SWITCHES, SHORT_LENGTH, canonical_config
@@ -91,7 +92,13 @@ def loggers(trainer: Namespace) -> list[Namespace]:
     return [item for item in (logger if isinstance(logger, list) else [logger]) if isinstance(item, Namespace)]
 
 
+def callbacks(trainer: Namespace) -> list[Namespace]:
+    """The configured callbacks, as class_path/init_args namespaces."""
+    return [item for item in trainer.get("callbacks") or [] if isinstance(item, Namespace) and "class_path" in item]
+
+
 def logger_class(logger: Namespace) -> type:
+    """The class a ``class_path`` namespace names (a logger's or a callback's)."""
     module, _, name = str(logger.class_path).rpartition(".")
     return getattr(importlib.import_module(module), name)
 
@@ -178,7 +185,7 @@ class Run:
     _before: dict[Path, bytes | None] = field(default_factory=dict, init=False, repr=False)
     _lock: RunLock | None = field(default=None, init=False, repr=False)
     # The placement keys as given, before ``place`` pointed them at this run.
-    _given: dict[str | tuple[int, str], Any] = field(default_factory=dict, init=False, repr=False)
+    _given: dict[str | tuple[str, int, str], Any] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def plan(
@@ -247,8 +254,14 @@ class Run:
             else:
                 continue
             for key, value in wanted.items():
-                self._given[(index, key)] = args.get(key)
+                self._given[("logger", index, key)] = args.get(key)
                 logger.init_args[key] = value
+        # Checkpoints in <run>/checkpoints/ whatever the first logger is (Lightning would put them under
+        # an MLflow logger's experiment and run ids).
+        for index, callback in enumerate(callbacks(trainer)):
+            if issubclass(logger_class(callback), ModelCheckpoint) and callback.init_args.get("dirpath") is None:
+                self._given[("callback", index, "dirpath")] = None
+                callback.init_args.dirpath = str(self.directory / CHECKPOINTS)
         # Lightning's own files (SLURM's hpc_ckpt_*.ckpt, profiler output) go here too, so that a
         # SLURM job auto-resumes only a run of its own config.
         trainer.default_root_dir = str(self.directory)
@@ -300,8 +313,9 @@ class Run:
         """
         config = config.clone()
         for key, value in self._given.items():
-            if isinstance(key, tuple):  # (logger index, init_args key)
-                loggers(config.trainer)[key[0]].init_args[key[1]] = value
+            if isinstance(key, tuple):  # ("logger" or "callback", index in its list, init_args key)
+                kind, index, name = key
+                (loggers if kind == "logger" else callbacks)(config.trainer)[index].init_args[name] = value
             else:
                 config[key] = value
         for key in LAUNCH_SWITCHES:

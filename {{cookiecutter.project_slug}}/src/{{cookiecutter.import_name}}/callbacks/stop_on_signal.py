@@ -6,9 +6,10 @@ multi-process run that receives SIGTERM hangs. Its SLURM handler for SIGUSR1 sav
 from inside the signal handler, wherever the step is, names it ``hpc_ckpt_N.ckpt`` (which
 ``--ckpt_path last`` does not resume) and keeps training until the job is killed.
 
-Here a signal only sets a flag. After each training batch the ranks agree (one all-reduce, in
-multi-process runs only) whether any of them was signalled; if so, every rank raises
-Lightning's SIGTERM stop at the end of that same batch, where ``checkpoints/last.ckpt`` is written
+Here a signal only sets a flag. A single process raises Lightning's SIGTERM stop at the end of
+the current batch; in a multi-process run the ranks agree after each training batch (one
+all-reduce) whether any of them was signalled, and if so every rank stops at the end of that
+same batch, where ``checkpoints/last.ckpt`` is written
 (``save_on_exception``) and from which ``--ckpt_path last`` resumes exactly. For the warning
 signal, rank 0 then requeues a SLURM job (``scontrol requeue``, called by the CLI once the
 checkpoint is on disk). The process exits with 128 + the signal's number.
@@ -46,6 +47,7 @@ class StopOnSignal(L.Callback):
         self.agreed = NO_SIGNAL  # what all ranks stopped for
         self.slurm_job: str | None = None
         self._restore: dict[signal.Signals, Any] = {}
+        self._trainer: L.Trainer | None = None
 
     @property
     def requeue_wanted(self) -> bool:
@@ -61,6 +63,7 @@ class StopOnSignal(L.Callback):
         if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
             array = os.environ.get("SLURM_ARRAY_JOB_ID")
             self.slurm_job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
+        self._trainer = trainer
         self._restore = {number: signal.getsignal(number) for number in (signal.SIGTERM, self.requeue_signal)}
         # Before Lightning registers its handlers: it leaves a signal that already has one alone.
         signal.signal(self.requeue_signal, self._on_signal)
@@ -74,6 +77,8 @@ class StopOnSignal(L.Callback):
         message = f"{signal.Signals(signum).name}: stopping after this batch, with a checkpoint\n"
         os.write(sys.stderr.fileno(), message.encode())
         self.received = max(self.received, REQUEUE if signum == self.requeue_signal else STOP)
+        if self._trainer is not None and self._trainer.world_size == 1:  # no one to agree with: this batch
+            self._stop(self._trainer, self.received)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         agreed = self.received
@@ -81,9 +86,12 @@ class StopOnSignal(L.Callback):
             decision = torch.tensor(self.received, device=trainer.strategy.root_device)
             agreed = int(trainer.strategy.reduce(decision, reduce_op="max").item())
         if agreed != NO_SIGNAL:
-            self.agreed = agreed
-            # The flag Lightning's SIGTERM handler sets: the loop raises its stop at the end of this batch.
-            trainer._signal_connector.received_sigterm = True
+            self._stop(trainer, agreed)
+
+    def _stop(self, trainer: L.Trainer, reason: int) -> None:
+        self.agreed = reason
+        # The flag Lightning's SIGTERM handler sets: the loop raises its stop at the end of this batch.
+        trainer._signal_connector.received_sigterm = True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore_handlers()
@@ -95,6 +103,7 @@ class StopOnSignal(L.Callback):
         for number, handler in self._restore.items():
             signal.signal(number, handler if handler is not None else signal.SIG_DFL)
         self._restore = {}
+        self._trainer = None
 
     def exit_code(self) -> int:
         return 128 + (self.requeue_signal if self.requeue_wanted else signal.SIGTERM)
