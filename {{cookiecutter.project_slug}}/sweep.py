@@ -52,29 +52,26 @@ def main(argv: list[str] | None = None) -> int:
             import plotly  # noqa: F401
         except ImportError as error:
             raise UsageError(f"sweeps need {error.name}, which is not installed; pip install -e '.[{EXTRA}]'") from None
-        from {{ cookiecutter.import_name }}.sweeps.report import table, write_best_config, write_plots
-        from {{ cookiecutter.import_name }}.sweeps.space import SweepSpec
-        from {{ cookiecutter.import_name }}.sweeps.study import JOURNAL_PREFIX, open_storage, open_study, run_worker
-        from {{ cookiecutter.import_name }}.sweeps.trial import TrialObjective
-        from {{ cookiecutter.import_name }}.sweeps.validate import check_space
+        from {{ cookiecutter.import_name }}.sweeps import report, space, study, trial, validate
 
-        spec = SweepSpec.read(options.sweep)
+        spec = space.SweepSpec.read(options.sweep)
         name = options.study or options.sweep.stem
         n_trials = options.n_trials or spec.n_trials
         if not options.show:
             if n_trials is None or n_trials < 1:
                 raise UsageError("how many trials? give --n_trials N (a positive number) or n_trials in the sweep file")
-            check_space(spec, fit_options, DEFAULT_CONFIG)  # every key and end of range, before any trial
-        storage = open_storage(options.storage, options.heartbeat_interval, options.grace_period)
-        study = open_study(spec, name, storage)
+            validate.check_space(spec, fit_options, DEFAULT_CONFIG)  # every key and end of range, before any trial
+        storage = study.open_storage(options.storage, options.heartbeat_interval, options.grace_period)
+        shared = study.open_study(spec, name, storage)
         if not options.show:
-            heartbeats = None if options.storage.startswith(JOURNAL_PREFIX) else options.heartbeat_interval
-            run_worker(study, TrialObjective(spec, fit_options, name, DEFAULT_CONFIG), n_trials, heartbeats)
+            heartbeats = None if options.storage.startswith(study.JOURNAL_PREFIX) else options.heartbeat_interval
+            objective = trial.TrialObjective(spec, fit_options, name, DEFAULT_CONFIG)
+            study.run_worker(shared, objective, n_trials, heartbeats)
         output_dir = Path("runs") / "sweeps" / name
         output_dir.mkdir(parents=True, exist_ok=True)
-        print(table(study, spec.metric))
-        best = write_best_config(study, output_dir)
-        plots, skipped = write_plots(study, output_dir)
+        print(report.table(shared, spec.metric))
+        best = report.write_best_config(shared, output_dir)
+        plots, skipped = report.write_plots(shared, output_dir)
     except Exception as error:  # a user's mistake: one line (FULL_ERROR=1: the traceback)
         exit_with(error)
     if best:

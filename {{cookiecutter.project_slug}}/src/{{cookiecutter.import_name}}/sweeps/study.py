@@ -10,8 +10,8 @@ its ``last.ckpt`` (the same values make the same config, so the same run directo
 from __future__ import annotations
 
 import time
-from collections import Counter
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +25,6 @@ from optuna.trial import TrialState
 from ..errors import UsageError
 from .space import SweepSpec
 
-DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
 JOURNAL_PREFIX = "journal:"
 
 
