@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import mlflow
 import pytest
 import yaml
@@ -66,3 +68,31 @@ def test_tensorboard_callbacks_skip_with_one_notice_when_only_another_tracker_lo
     assert (checkpoint.parents[1] / "config.yaml").is_file()
     resumed = run_cli(*fit_args("data", "--config", str(only_mlflow), "--ckpt_path=last"), cwd=tmp_path)
     assert "Nothing left to train" in resumed.stdout
+
+
+# Installed as sitecustomize.py: makes the modules named in BLOCKED_MODULES look not installed.
+BLOCKER = """
+import os, sys
+
+class _NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in os.environ["BLOCKED_MODULES"].split(","):
+            raise ModuleNotFoundError("No module named " + repr(name), name=name)
+
+sys.meta_path.insert(0, _NotInstalled())
+"""
+
+
+@pytest.mark.parametrize(("preset", "module"), [("mlflow.yaml", "mlflow"), ("wandb.yaml", "wandb")])
+def test_a_preset_without_its_extra_is_one_line_naming_the_install(tmp_path, preset, module):
+    write_tiny_archive(tmp_path / "data")
+    (tmp_path / "blocker").mkdir()
+    (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCKER)
+    env = {"BLOCKED_MODULES": module, "PYTHONPATH": f"{tmp_path / 'blocker'}{os.pathsep}{PROJECT_ROOT}"}
+    result = run_cli(*fit_args("data", "--config", str(PRESETS / preset)), cwd=tmp_path, check=False, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(f"is not installed; pip install -e '.[{module}]'")
+    assert [line for line in result.stderr.splitlines() if line.startswith("error: ")] == [
+        result.stderr.strip().splitlines()[-1]
+    ]
+    assert not (tmp_path / "runs").exists()  # nothing left behind

@@ -7,6 +7,7 @@ class is built, so a refused command writes nothing. Mistakes are reported in on
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -24,13 +25,27 @@ from .launch import exit_when_launcher_dies, launched_as_rank_zero
 from .models import ImageClassifier
 from .noise import silence_known_noise
 from .run_record import RunRecord
-from .runs import Run, RunIdentity, experiment_dir, resolve_checkpoint
+from .runs import Run, RunIdentity, experiment_dir, logger_class, loggers, resolve_checkpoint
 from .summary import evaluation_summary, fit_summary, interruption_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 T = TypeVar("T")
-# Optional extras of pyproject.toml that a logger preset needs (configs/presets/mlflow.yaml, wandb.yaml).
-TRACKER_EXTRAS = ("mlflow", "wandb")
+# Loggers whose package is an optional extra of pyproject.toml (configs/presets/mlflow.yaml, wandb.yaml):
+# logger class -> (module, extra).
+TRACKERS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}
+
+
+def check_tracker_packages(trainer: Namespace) -> None:
+    """A tracker's logger without its package: one line naming the pip command (Lightning's says less)."""
+    for logger in loggers(trainer):
+        name = logger_class(logger).__name__
+        if name in TRACKERS:
+            module, extra = TRACKERS[name]
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                message = f"{name} needs {module}, which is not installed; pip install -e '.[{extra}]'"
+                raise UsageError(message) from None
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
@@ -133,16 +148,13 @@ class TrainerCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         try:
+            check_tracker_packages(self.config[self.subcommand].trainer if self.subcommand else self.config.trainer)
             super().instantiate_classes()
         except BaseException as error:
             if self.run is not None and launched_as_rank_zero():
                 self.run.undo()
             if isinstance(error, ValueError):  # the constructors' checks of config values
                 raise UsageError(f"{error}; fix that value in the config or on the command line") from error
-            if isinstance(error, ModuleNotFoundError):  # a tracker's logger without its package (Lightning's message)
-                extra = next((name for name in TRACKER_EXTRAS if name in str(error).lower()), None)
-                if extra:
-                    raise UsageError(f"the {extra} logger needs its package; pip install -e '.[{extra}]'") from None
             raise
 
     def _callback(self, kind: type[T]) -> T | None:
