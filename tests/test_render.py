@@ -46,6 +46,7 @@ COMMON_FILES = {
     "configs/presets/wandb.yaml",
     "scripts/lock.sh",
     "scripts/slurm.sbatch",
+    "scripts/sweep_array.sbatch",
     "scripts/tensorboard_screenshots.py",
     "scripts/tensorrt_engine.sh",
     "scripts/torchrun.sh",

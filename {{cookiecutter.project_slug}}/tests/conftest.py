@@ -119,3 +119,39 @@ def only_run_dir(root: Path) -> Path:
     runs = [p.parent for p in root.glob("runs/*/*/config.yaml")]
     assert len(runs) == 1, runs
     return runs[0]
+
+
+# A one-task SLURM job as srun starts it: what Lightning reads to detect SLURM, and the job id.
+SLURM_ONE_TASK_JOB = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "{{ cookiecutter.project_slug }}",
+    "SLURM_JOB_NUM_NODES": "1",
+    "SLURM_NNODES": "1",
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
+
+
+def slurm_stand_ins(root: Path) -> tuple[Path, Path]:
+    """``(bin, submit)``: ``srun``/``scontrol``/``python`` stand-ins, and a submit folder that is a checkout.
+
+    ``scontrol`` records its arguments in ``<submit>/scontrol.log``; ``python`` is this interpreter.
+    """
+    bin_dir, submit_dir = root / "bin", root / "submit"
+    bin_dir.mkdir()
+    stand_ins = {
+        "srun": 'exec "$@"',  # one task: the command itself
+        "scontrol": 'echo "scontrol $*" >> "$SLURM_SUBMIT_DIR/scontrol.log"',
+        "python": f'exec "{sys.executable}" "$@"',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    submit_dir.mkdir()
+    for name in ("main.py", "sweep.py", "configs"):
+        (submit_dir / name).symlink_to(PROJECT_ROOT / name)
+    return bin_dir, submit_dir

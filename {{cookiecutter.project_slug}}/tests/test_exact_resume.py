@@ -27,11 +27,13 @@ from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 from .conftest import (
     FAST_ARGS,
     PROJECT_ROOT,
+    SLURM_ONE_TASK_JOB,
     cli_env,
     default_config,
     fit_args,
     only_run_dir,
     run_cli,
+    slurm_stand_ins,
     write_tiny_archive,
 )
 
@@ -221,25 +223,10 @@ def test_a_stopped_two_process_run_resumes_to_exactly_the_uninterrupted_result(t
     )
 
 
-# A one-task SLURM job as srun starts it: what Lightning reads to detect SLURM, and the job id.
-SLURM_JOB = {
-    "SLURM_JOB_ID": "4242",
-    "SLURM_JOB_NAME": "{{ cookiecutter.project_slug }}",
-    "SLURM_JOB_NUM_NODES": "1",
-    "SLURM_NNODES": "1",
-    "SLURM_NTASKS": "1",
-    "SLURM_NTASKS_PER_NODE": "1",
-    "SLURM_NODELIST": "localhost",
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_NODEID": "0",
-}
-
-
 def slurm_job(submit_dir: Path, bin_dir: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
     """``scripts/slurm.sbatch ARGS`` run as SLURM runs it, with ``srun`` and ``scontrol`` stand-ins first on PATH."""
     job_env = {
-        **SLURM_JOB,
+        **SLURM_ONE_TASK_JOB,
         "SLURM_SUBMIT_DIR": str(submit_dir),
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "VIRTUAL_ENV": sys.prefix,  # the test's environment is the job's
@@ -251,19 +238,8 @@ def slurm_job(submit_dir: Path, bin_dir: Path, args: list[str], **env: str) -> s
 
 
 def test_a_slurm_job_warned_with_sigusr1_is_requeued_and_resumes_exactly(tmp_path, reference):
-    bin_dir, submit_dir = tmp_path / "bin", tmp_path / "submit"
-    bin_dir.mkdir()
-    stand_ins = {
-        "srun": 'exec "$@"',  # one task: the command itself
-        "scontrol": 'echo "scontrol $*" >> "$SLURM_SUBMIT_DIR/scontrol.log"',
-        "python": f'exec "{sys.executable}" "$@"',
-    }
-    for name, body in stand_ins.items():
-        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
-        (bin_dir / name).chmod(0o755)
+    bin_dir, submit_dir = slurm_stand_ins(tmp_path)
     write_tiny_archive(submit_dir / "data")
-    for name in ("main.py", "configs"):  # the submit folder is a checkout of the project
-        (submit_dir / name).symlink_to(PROJECT_ROOT / name)
     options = [*FAST_ARGS, "--data.data_dir=data", *SMALL_RUN, "--data.num_workers=2"]
 
     warned = slurm_job(submit_dir, bin_dir, options, KILL_AT="train_batch:1:6", KILL_SIGNAL="SIGUSR1")

@@ -6,6 +6,8 @@ optuna-integration's Lightning callback; workers share a study and survive being
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,15 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from .conftest import FAST_ARGS, PROJECT_ROOT, cli_env, run_cli, write_tiny_archive
+from .conftest import (
+    FAST_ARGS,
+    PROJECT_ROOT,
+    SLURM_ONE_TASK_JOB,
+    cli_env,
+    run_cli,
+    slurm_stand_ins,
+    write_tiny_archive,
+)
 
 pytestmark = pytest.mark.slow  # each test runs several trials, some in parallel workers
 
@@ -146,3 +156,31 @@ def test_a_bad_sweep_file_is_one_line_before_any_trial(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], (name, lines)
     assert not (tmp_path / "runs").exists()  # nothing was started, not even a study
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_an_array_task_warned_by_slurm_requeues_itself_and_its_trial(tmp_path):
+    bin_dir, submit_dir = slurm_stand_ins(tmp_path)
+    write_tiny_archive(submit_dir / "data")
+    spec = write_sweep(submit_dir / "array.yaml")
+    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    task = {**SLURM_ONE_TASK_JOB, "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "0", "SWEEP": str(spec)}
+    task |= {"SLURM_SUBMIT_DIR": str(submit_dir), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    task |= {"VIRTUAL_ENV": sys.prefix}
+    command = ["bash", str(PROJECT_ROOT / "scripts" / "sweep_array.sbatch"), "--n_trials", "1", *TRIAL_OPTIONS, probe]
+
+    def array_task(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command, cwd=submit_dir, env=cli_env(**task, **env), capture_output=True, text=True)
+
+    warned = array_task(KILL_AT="train_batch:1:2", KILL_SIGNAL="SIGUSR1")  # SLURM's warning, in epoch 1
+    assert warned.returncode == 128 + signal.SIGUSR1, warned.stderr[-3000:]
+    assert (submit_dir / "scontrol.log").read_text() == "scontrol requeue 77_0\n"  # the array task, requeued
+    first, waiting = load(submit_dir, "array").trials
+    assert (first.state, waiting.state) == (TrialState.FAIL, TrialState.WAITING)  # re-queued with its values
+
+    requeued = array_task()  # the requeued task: the same script again
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    retried = load(submit_dir, "array").trials[1]
+    assert retried.state == TrialState.COMPLETE and retried.params == first.params
+    assert retried.user_attrs["run_dir"] == first.user_attrs["run_dir"]
+    assert f"(resumed from {first.user_attrs['run_dir']}/checkpoints/last.ckpt)" in requeued.stdout

@@ -84,6 +84,7 @@ class TrialObjective:
             raise
         except SystemExit:  # stopped by SIGTERM, SIGUSR1 or Ctrl-C, with a checkpoint: the next worker resumes it
             trial.study.enqueue_trial(trial.params, user_attrs={"resumes_trial": trial.number})
+            trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # Optuna leaves a SystemExit's trial running
             raise
         value = cli.trainer.callback_metrics.get(self.spec.metric)
         if value is None:  # nothing was left to train: the same config finished in an earlier trial
