@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from types import FrameType
 from typing import Any
 
@@ -54,8 +55,8 @@ class StopOnSignal(L.Callback):
         return self.agreed == REQUEUE
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
+        if stage != "fit" or threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread (as Lightning's own)
         # A single-device strategy has no cluster environment, but a one-task SLURM job still has a job to requeue.
         environment = getattr(trainer.strategy, "cluster_environment", None)
         if environment is None and SLURMEnvironment.detect():
@@ -70,7 +71,8 @@ class StopOnSignal(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After Lightning registered its SIGTERM handler (it always does): this one replaces it.
-        signal.signal(signal.SIGTERM, self._on_signal)
+        if self._restore:
+            signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # os.write, not print: the signal may arrive while Python is printing (print would fail as reentrant).
