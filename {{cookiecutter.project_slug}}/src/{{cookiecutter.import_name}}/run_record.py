@@ -56,7 +56,7 @@ class RunRecord(SaveConfigCallback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.already_saved:
-            self.config = self.run.as_given(self.config)  # config.yaml starts this run again, from anywhere
+            self.config = self.run.as_given(self.config)  # so that fit --config config.yaml names this run again
             self.log_dir = str(self.run.directory)
             recorded = self._recorded_hashes() if trainer.is_global_zero else []
             recorded = trainer.strategy.broadcast(recorded)
