@@ -72,13 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         print(report.table(shared, spec.metric))
         best = report.write_best_config(shared, output_dir)
         plots, skipped = report.write_plots(shared, output_dir)
+        dashboard_url = study.without_password(options.storage)
     except Exception as error:  # a user's mistake: one line (FULL_ERROR=1: the traceback)
         exit_with(error)
     if best:
         print(f"Best config: {best} (python main.py fit --config {best})")
     skipped_line = f"; skipped {'; '.join(skipped)}" if skipped else ""
     print(f"Plots: {', '.join(str(path) for path in plots) or 'none'}{skipped_line}")
-    print(f"Live view: optuna-dashboard {options.storage}")
+    print(f"Live view: optuna-dashboard {dashboard_url}")
     return 0
 
 

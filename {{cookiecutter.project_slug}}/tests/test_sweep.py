@@ -19,6 +19,8 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from {{ cookiecutter.import_name }}.sweeps.study import without_password
+
 from .conftest import (
     FAST_ARGS,
     PROJECT_ROOT,
@@ -184,3 +186,11 @@ def test_an_array_task_warned_by_slurm_requeues_itself_and_its_trial(tmp_path):
     assert retried.state == TrialState.COMPLETE and retried.params == first.params
     assert retried.user_attrs["run_dir"] == first.user_attrs["run_dir"]
     assert f"(resumed from {first.user_attrs['run_dir']}/checkpoints/last.ckpt)" in requeued.stdout
+
+
+def test_a_storage_url_is_printed_without_its_password():
+    assert without_password("postgresql://ann:s3cr%40t@db.example:5432/studies") == (
+        "postgresql://ann:***@db.example:5432/studies"
+    )
+    assert without_password("sqlite:///runs/sweeps.db") == "sqlite:///runs/sweeps.db"
+    assert without_password("journal:runs/sweeps.journal") == "journal:runs/sweeps.journal"

@@ -21,11 +21,23 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from ..errors import UsageError
 from .space import SweepSpec
 
 JOURNAL_PREFIX = "journal:"
+
+
+def without_password(url: str) -> str:
+    """A storage URL fit to print: ``postgresql://user:***@host/db``."""
+    if url.startswith(JOURNAL_PREFIX):
+        return url
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:  # not a URL at all: nothing in it to hide
+        return url
 
 
 @contextmanager
@@ -54,7 +66,8 @@ def open_storage(url: str, heartbeat_interval: int, grace_period: int) -> optuna
             )
     except Exception as error:  # an unknown dialect, a missing driver, a server that does not answer
         reason = str(error).splitlines()[0]
-        raise UsageError(f"--storage {url}: {reason}; give sqlite:///PATH, a database URL or journal:PATH") from None
+        shown = without_password(url)
+        raise UsageError(f"--storage {shown}: {reason}; give sqlite:///PATH, a database URL or journal:PATH") from None
 
 
 def open_study(spec: SweepSpec, name: str, storage: optuna.storages.BaseStorage) -> optuna.Study:
