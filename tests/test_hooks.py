@@ -38,10 +38,18 @@ def test_refused_answer_exits_with_a_clear_message_and_no_output(tmp_path, cooki
     ],
 )
 def test_answers_are_never_executed(tmp_path, cookiecutter_config, payload):
-    out = tmp_path / "out"
-    for answer in (f"import_name={payload}", f"author={payload}", f"project_slug={payload}"):
-        run_cookiecutter_cli(str(TEMPLATE), "-o", str(out), answer, cwd=tmp_path, config=cookiecutter_config)
-    assert not list(tmp_path.rglob("PWNED"))
+    # The payload would write outside the output folder, which cookiecutter deletes when a hook refuses.
+    marker = tmp_path / "PWNED"
+    payload = payload.replace("PWNED", str(marker))
+    for key in ("import_name", "author", "project_slug"):
+        out = tmp_path / f"out-{key}"
+        result = run_cookiecutter_cli(
+            str(TEMPLATE), "-o", str(out), f"{key}={payload}", cwd=tmp_path, config=cookiecutter_config
+        )
+        rendered = out.is_dir() and any(out.iterdir())
+        refused_by_hook = "ERROR: " in result.stderr
+        assert rendered or refused_by_hook, f"{key}: the hooks did not run\n{result.stderr[-2000:]}"
+        assert not marker.exists(), f"{key}: the answer was executed"
 
 
 def test_a_valid_render_prints_the_next_commands(tmp_path, cookiecutter_config):

@@ -35,7 +35,9 @@ class DataProbe(L.Callback):
         for name, tensor in sorted(pl_module.state_dict().items()):
             digest.update(name.encode())
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-        record = {"world_size": trainer.world_size, "ids": self.ids, "weights": digest.hexdigest()}
+        environment = type(getattr(trainer.strategy, "cluster_environment", None)).__name__  # who launched it
+        record = {"world_size": trainer.world_size, "environment": environment, "ids": self.ids}
+        record["weights"] = digest.hexdigest()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 

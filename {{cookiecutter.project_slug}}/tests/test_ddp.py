@@ -66,9 +66,10 @@ def training_ids(root):
     return set(data.train_set.indices.tolist())
 
 
-def check_shards_and_weights(root, world_size=2):
+def check_shards_and_weights(root, environment, world_size=2):
     records = [json.loads((root / "probe" / f"rank{rank}.json").read_text()) for rank in range(world_size)]
     assert all(r["world_size"] == world_size for r in records)
+    assert all(r["environment"] == environment for r in records)  # the launcher that was meant to start them
     expected = training_ids(root)
     for epoch in ("0", "1"):
         shards = [set(r["ids"][epoch]) for r in records]
@@ -91,7 +92,7 @@ def ddp_run(tmp_path_factory):
 def test_two_processes_train_on_disjoint_shards_to_identical_weights(ddp_run):
     root, result = ddp_run
     assert "distributed_backend=gloo" in result.stderr + result.stdout
-    check_shards_and_weights(root)
+    check_shards_and_weights(root, "LightningEnvironment")
     run_dir = only_run_dir(root)
     assert sorted(p.name for p in run_dir.glob("**/*.yaml")) == ["config.yaml", "hparams.yaml"]
     best, last = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
@@ -105,7 +106,9 @@ def test_two_processes_train_on_disjoint_shards_to_identical_weights(ddp_run):
 def test_distributed_validation_equals_single_process(ddp_run, monkeypatch):
     root, _ = ddp_run
     last = only_run_dir(root) / "checkpoints" / "last.ckpt"
+    # 33 held-out images: an uneven split over 2 ranks, which must be neither padded nor dropped
     args = ["--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={root / 'data'}", f"--ckpt_path={last}"]
+    args.append("--data.val_size=33")
     run_cli(
         "validate",
         *args,
@@ -128,9 +131,8 @@ def test_distributed_validation_equals_single_process(ddp_run, monkeypatch):
 def test_torchrun_launch(tmp_path):
     write_indexed_archive(tmp_path / "data")
     launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
-    result = run_cli(*ddp_args(tmp_path, "--trainer.devices=2"), cwd=tmp_path, launcher=launcher)
-    assert "TorchElasticEnvironment" in result.stderr + result.stdout or (tmp_path / "probe" / "rank1.json").exists()
-    check_shards_and_weights(tmp_path)
+    run_cli(*ddp_args(tmp_path, "--trainer.devices=2"), cwd=tmp_path, launcher=launcher)
+    check_shards_and_weights(tmp_path, "TorchElasticEnvironment")
     only_run_dir(tmp_path)
 
 
@@ -155,7 +157,7 @@ def test_two_nodes_started_by_the_torchrun_script_meet_at_the_rendezvous(tmp_pat
     ]
     outputs = [node.communicate(timeout=300)[0].decode() for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    check_shards_and_weights(tmp_path)
+    check_shards_and_weights(tmp_path, "TorchElasticEnvironment")
     config = yaml.safe_load((only_run_dir(tmp_path) / "config.yaml").read_text())
     assert (config["trainer"]["num_nodes"], str(config["trainer"]["devices"])) == (2, "1")
 
