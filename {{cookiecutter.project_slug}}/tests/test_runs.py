@@ -39,15 +39,15 @@ pytestmark = [
 
 
 def tree(root: Path) -> dict[str, str]:
-    """Every file under ``root`` with the SHA-256 of its bytes.
+    """Every file under ``root`` with the SHA-256 of its bytes, and every folder (an empty one is a leftover too).
 
-    A data folder's lock file is left out: any use of the folder makes it, and removing a lock
-    file others may hold would break the lock.
+    A data folder's lock file (``.<dataset>.lock``) is left out: any use of the folder makes it, and
+    removing a lock file others may hold would break the lock. A run's ``run.lock`` is kept.
     """
     return {
-        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "folder"
         for path in sorted(root.rglob("*"))
-        if path.is_file() and not path.name.endswith(".lock")
+        if not (path.is_file() and path.name.startswith(".") and path.name.endswith(".lock"))
     }
 
 
