@@ -52,9 +52,12 @@ COMPARED_ENTRIES = ("global_step", "epoch", "state_dict", "optimizer_states", "l
 TIMING_NAMES = {"time", "batches", "samples", "batches_per_sec", "samples_per_sec"}
 
 
-# What each signal leaves: SIGKILL nothing (the last epoch-end checkpoint is resumed); SIGTERM and
-# SIGUSR1 (RequeueOnSignal) a checkpoint at the batch it arrived after, and exit status 128 + its number.
-EXIT_STATUS = {"SIGKILL": -signal.SIGKILL, "SIGTERM": 128 + signal.SIGTERM, "SIGUSR1": 128 + signal.SIGUSR1}
+# What each signal leaves: SIGKILL nothing (the last epoch-end checkpoint is resumed); SIGTERM, Ctrl-C
+# and SIGUSR1 (StopOnSignal) a checkpoint at the batch it arrived after, and exit status 128 + its number.
+EXIT_STATUS = {
+    "SIGKILL": -signal.SIGKILL,
+    **{name: 128 + signal.Signals[name] for name in ("SIGTERM", "SIGINT", "SIGUSR1")},
+}
 
 
 def kill_and_resume(args: list[str], root: Path, kills: list[str], env: dict[str, str] | None = None) -> None:
@@ -182,6 +185,7 @@ MOMENTS = {
     # same order, with the same augmentation draws.
     "sigterm-mid-epoch": ["train_batch:1:6@SIGTERM"],
     "sigusr1-mid-epoch": ["train_batch:1:6@SIGUSR1"],  # outside SLURM: the same stop, no requeue
+    "ctrl-c-mid-epoch": ["train_batch:1:6@SIGINT"],
     "validation": ["validation:1"],
     "after-checkpoint": ["after_checkpoint:1"],
     "resume-killed-in-sanity-check": ["train_batch:1:6", "sanity"],
@@ -199,7 +203,7 @@ CELLS = [
     # cut an epoch, and device storage (no loader workers, batches gathered on the device) the signals
     if (setting == "default-workers" and moment != "sigusr1-mid-epoch")
     or moment in ("mid-epoch", "validation")
-    or (setting == "device-storage" and "@" in MOMENTS[moment][0])
+    or (setting == "device-storage" and moment in ("sigterm-mid-epoch", "sigusr1-mid-epoch"))
 ]
 
 

@@ -174,11 +174,12 @@ class TrainerCLI(LightningCLI):
                 print(interruption_summary(self.trainer, record))
             code = stopped_exit_code(getattr(record, "stopped_by", None) or error)
             stop = self._callback(StopOnSignal)
-            if code is not None and stop is not None and stop.requeue_wanted:
-                # The cluster's warning signal: the checkpoint is written, now the job may go back in the queue.
-                message = stop.requeue() if self.trainer.is_global_zero else None
-                if message:
-                    print(message)
+            if code is not None and stop is not None and stop.agreed:  # stopped at a batch boundary
+                if stop.requeue_wanted and self.trainer.is_global_zero:
+                    # The cluster's warning signal: the checkpoint is written, now the job may go back in the queue.
+                    message = stop.requeue()
+                    if message:
+                        print(message)
                 code = stop.exit_code()
             if code is not None:  # a stopped run is not a finished one: say so in the exit status
                 raise SystemExit(code) from None

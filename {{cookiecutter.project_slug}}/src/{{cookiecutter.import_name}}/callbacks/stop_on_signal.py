@@ -1,8 +1,10 @@
-"""SIGTERM (pre-emption) and the cluster's warning signal stop every rank at the same batch, with a checkpoint.
+"""SIGTERM (pre-emption), Ctrl-C and the cluster's warning signal stop every rank at the same batch, with a checkpoint.
 
 Lightning's own handling has two flaws on a cluster. Its SIGTERM handler runs a collective
 (a broadcast) inside the signal handler, at whatever point each rank happens to be, so a
-multi-process run that receives SIGTERM hangs. Its SLURM handler for SIGUSR1 saves a checkpoint
+multi-process run that receives SIGTERM hangs. Ctrl-C raises KeyboardInterrupt wherever Python is,
+possibly inside the optimizer's update, so the checkpoint written then may hold half a step. Its
+SLURM handler for SIGUSR1 saves a checkpoint
 from inside the signal handler, wherever the step is, names it ``hpc_ckpt_N.ckpt`` (which
 ``--ckpt_path last`` does not resume) and keeps training until the job is killed.
 
@@ -12,7 +14,8 @@ all-reduce) whether any of them was signalled, and if so every rank stops at the
 same batch, where ``checkpoints/last.ckpt`` is written
 (``save_on_exception``) and from which ``--ckpt_path last`` resumes exactly. For the warning
 signal, rank 0 then requeues a SLURM job (``scontrol requeue``, called by the CLI once the
-checkpoint is on disk). The process exits with 128 + the signal's number.
+checkpoint is on disk). The process exits with 128 + the signal's number. A second Ctrl-C
+interrupts at once, as Ctrl-C usually does.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-NO_SIGNAL, STOP, REQUEUE = 0, 1, 2  # what the ranks agree on: the largest wins
+# What the ranks agree on (the largest wins), and the exit status of each.
+NO_SIGNAL, TERMINATE, INTERRUPT, REQUEUE = 0, 1, 2, 3
+EXIT_SIGNAL = {TERMINATE: signal.SIGTERM, INTERRUPT: signal.SIGINT}
 
 
 class StopOnSignal(L.Callback):
-    """On SIGTERM or ``requeue_signal``: checkpoint at the next batch boundary on every rank and stop."""
+    """On SIGTERM, Ctrl-C or ``requeue_signal``: checkpoint at the next batch boundary on every rank and stop."""
 
     def __init__(self, requeue_signal: str = "SIGUSR1") -> None:
         """``requeue_signal``: what the scheduler sends before the time limit (``#SBATCH --signal``)."""
@@ -65,7 +70,8 @@ class StopOnSignal(L.Callback):
             array = os.environ.get("SLURM_ARRAY_JOB_ID")
             self.slurm_job = f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array else os.environ["SLURM_JOB_ID"]
         self._trainer = trainer
-        self._restore = {number: signal.getsignal(number) for number in (signal.SIGTERM, self.requeue_signal)}
+        handled = (signal.SIGTERM, signal.SIGINT, self.requeue_signal)
+        self._restore = {number: signal.getsignal(number) for number in handled}
         # Before Lightning registers its handlers: it leaves a signal that already has one alone.
         signal.signal(self.requeue_signal, self._on_signal)
 
@@ -73,12 +79,17 @@ class StopOnSignal(L.Callback):
         # After Lightning registered its SIGTERM handler (it always does): this one replaces it.
         if self._restore:
             signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.received >= INTERRUPT:
+            raise KeyboardInterrupt  # Ctrl-C twice: now
         # os.write, not print: the signal may arrive while Python is printing (print would fail as reentrant).
-        message = f"{signal.Signals(signum).name}: stopping after this batch, with a checkpoint\n"
+        again = " (Ctrl-C again: stop at once)" if signum == signal.SIGINT else ""
+        message = f"{signal.Signals(signum).name}: stopping after this batch, with a checkpoint{again}\n"
         os.write(sys.stderr.fileno(), message.encode())
-        self.received = max(self.received, REQUEUE if signum == self.requeue_signal else STOP)
+        reason = {self.requeue_signal: REQUEUE, signal.SIGINT: INTERRUPT}.get(signum, TERMINATE)
+        self.received = max(self.received, reason)
         if self._trainer is not None and self._trainer.world_size == 1:  # no one to agree with: this batch
             self._stop(self._trainer, self.received)
 
@@ -108,7 +119,8 @@ class StopOnSignal(L.Callback):
         self._trainer = None
 
     def exit_code(self) -> int:
-        return 128 + (self.requeue_signal if self.requeue_wanted else signal.SIGTERM)
+        """128 + the number of the signal the ranks stopped for (the shell's convention)."""
+        return 128 + (self.requeue_signal if self.requeue_wanted else EXIT_SIGNAL.get(self.agreed, signal.SIGTERM))
 
     def requeue(self) -> str | None:
         """``scontrol requeue <job>`` under SLURM (the checkpoint must be on disk already); what happened, in words."""
