@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-from {{ cookiecutter.import_name }}.errors import exit_with
+from {{ cookiecutter.import_name }}.errors import OneLineArgumentParser, exit_with
 from {{ cookiecutter.import_name }}.export.artifacts import FORMATS, ExportOptions, export_artifacts
 from {{ cookiecutter.import_name }}.export.model_card import int8_change, table
 from {{ cookiecutter.import_name }}.export.quantize import CALIBRATION_METHODS
@@ -25,16 +24,8 @@ def formats(value: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """A bad option is one line, as in main.py, not a page of usage."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}; see python export.py --help", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def parse_args(argv: list[str] | None = None) -> ExportOptions:
-    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--ckpt_path", type=Path, required=True, help="checkpoint written by main.py fit")
     add("--output_dir", type=Path, help="folder for the files (default: export/ beside the checkpoint)")

@@ -12,25 +12,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-from {{ cookiecutter.import_name }}.errors import UsageError, exit_with
+from {{ cookiecutter.import_name }}.errors import OneLineArgumentParser, UsageError, exit_with
 from {{ cookiecutter.import_name }}.noise import silence_known_noise
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "{{ cookiecutter.dataset }}.yaml"
 EXTRA = "sweep"  # the optional dependencies this command needs: pip install -e ".[sweep]"
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """A bad option is one line, as in main.py, not a page of usage."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message}; see python sweep.py --help", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--sweep", type=Path, required=True, help="the sweep file: metric, direction, space (see configs/sweeps/)")
     add("--n_trials", type=int, help="trials the study should have, all workers together (default: the sweep file's)")

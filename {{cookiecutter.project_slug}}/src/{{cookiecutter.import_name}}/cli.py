@@ -25,7 +25,7 @@ from .launch import exit_when_launcher_dies, launched_as_rank_zero
 from .models import ImageClassifier
 from .noise import silence_known_noise
 from .run_record import RunRecord
-from .runs import Run, RunIdentity, experiment_dir, logger_class, loggers, resolve_checkpoint
+from .runs import Run, RunIdentity, class_of, experiment_dir, loggers, resolve_checkpoint
 from .summary import evaluation_summary, fit_summary, interruption_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -38,7 +38,7 @@ TRACKERS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wand
 def check_tracker_packages(trainer: Namespace) -> None:
     """A tracker's logger without its package: one line naming the pip command (Lightning's says less)."""
     for logger in loggers(trainer):
-        name = logger_class(logger).__name__
+        name = class_of(logger).__name__
         if name in TRACKERS:
             module, extra = TRACKERS[name]
             try:

@@ -6,11 +6,13 @@ Exit code 2 for a wrong command or config (usage), 1 for a problem found while r
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import re
 import signal
 import sys
+from typing import NoReturn
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -101,3 +103,11 @@ def exit_with(error: BaseException) -> None:
     message = " ".join(line.strip() for line in str(user_error).splitlines() if line.strip())  # one line
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(user_error.exit_code) from None
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse for the project's other commands (export.py, sweep.py): a bad option is one line, as in main.py."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}; see python {self.prog} --help", file=sys.stderr)
+        raise SystemExit(USAGE)

@@ -26,7 +26,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
 from .config_hash import LAUNCH_SWITCHES, SHORT_LENGTH, canonical_config
 from .errors import UsageError
@@ -97,15 +97,15 @@ def callbacks(trainer: Namespace) -> list[Namespace]:
     return [item for item in trainer.get("callbacks") or [] if isinstance(item, Namespace) and "class_path" in item]
 
 
-def logger_class(logger: Namespace) -> type:
+def class_of(item: Namespace) -> type:
     """The class a ``class_path`` namespace names (a logger's or a callback's)."""
-    module, _, name = str(logger.class_path).rpartition(".")
+    module, _, name = str(item.class_path).rpartition(".")
     return getattr(importlib.import_module(module), name)
 
 
-def is_directory_logger(logger: Namespace) -> bool:
-    """A logger that writes into ``save_dir/name/version`` (TensorBoard, CSV): it places the run directory."""
-    return issubclass(logger_class(logger), TensorBoardLogger | CSVLogger)
+def is_directory_logger(logger: Any) -> bool:
+    """A configured logger that writes into ``save_dir/name/version`` (TensorBoard, CSV): it places the run."""
+    return isinstance(logger, Namespace) and issubclass(class_of(logger), TensorBoardLogger | CSVLogger)
 
 
 def experiment_dir(trainer: Namespace) -> Path:
@@ -237,17 +237,16 @@ class Run:
         named by the hash (unless named in the config), and W&B's offline files go into the run directory.
         """
         self._given = {"trainer.default_root_dir": trainer.get("default_root_dir")}
-        if isinstance(trainer.get("logger"), list):
-            trainer.logger = sorted(trainer.logger, key=lambda item: not (isinstance(item, Namespace)
-                                                                         and is_directory_logger(item)))  # fmt: skip
+        if isinstance(trainer.get("logger"), list):  # directory loggers first, the others in their order
+            trainer.logger = sorted(trainer.logger, key=lambda item: not is_directory_logger(item))
         placements = {"save_dir": str(self.directory.parent), "name": "", "version": self.directory.name}
         for index, logger in enumerate(loggers(trainer)):
-            kind, args = logger_class(logger), logger.get("init_args", Namespace())
+            kind, args = class_of(logger), logger.get("init_args", Namespace())
             if issubclass(kind, TensorBoardLogger | CSVLogger):
                 wanted = placements
-            elif kind.__name__ == "MLFlowLogger" and args.get("run_name") is None:
+            elif issubclass(kind, MLFlowLogger) and args.get("run_name") is None:
                 wanted = {"run_name": self.directory.name}
-            elif kind.__name__ == "WandbLogger":
+            elif issubclass(kind, WandbLogger):
                 wanted = {"save_dir": str(self.directory)}
                 if not args.get("name"):
                     wanted["name"] = self.directory.name
@@ -259,7 +258,7 @@ class Run:
         # Checkpoints in <run>/checkpoints/ whatever the first logger is (Lightning would put them under
         # an MLflow logger's experiment and run ids).
         for index, callback in enumerate(callbacks(trainer)):
-            if issubclass(logger_class(callback), ModelCheckpoint) and callback.init_args.get("dirpath") is None:
+            if issubclass(class_of(callback), ModelCheckpoint) and callback.init_args.get("dirpath") is None:
                 self._given[("callback", index, "dirpath")] = None
                 callback.init_args.dirpath = str(self.directory / CHECKPOINTS)
         # Lightning's own files (SLURM's hpc_ckpt_*.ckpt, profiler output) go here too, so that a
