@@ -65,11 +65,16 @@ def test_a_changed_archive_invalidates_the_cache(data_dir):
 
 
 def test_leftovers_of_a_killed_conversion_are_removed(data_dir):
-    leftover = data_dir / f"{DATASET.name}-uint8.partial-99999"
+    leftover = data_dir / f".partial-99999.{DATASET.name}-uint8"
     leftover.mkdir()
     (leftover / "train_images.npy").write_bytes(b"half")
+    half_download = data_dir / f".partial-99998.{DATASET.archive_name}"
+    half_download.write_bytes(b"half")
+    other_dataset = data_dir / ".partial-99997.some-other-dataset-uint8"  # not this preparer's to judge
+    other_dataset.mkdir()
     prepare(data_dir, DATASET, download=False, verify_checksum=False)
-    assert not leftover.exists()
+    assert not leftover.exists() and not half_download.exists()
+    assert other_dataset.exists()
 
 
 def test_checksum_mismatch_names_file_sums_and_option(data_dir):

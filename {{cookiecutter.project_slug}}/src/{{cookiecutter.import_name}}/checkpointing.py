@@ -20,39 +20,18 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .errors import UserError
-
-TEMP_MARKER = ".tmp-"
+from .files import Partial, remove_stale_partials
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Same-folder temporary file, fsync, ``os.replace``; stale temporaries are cleaned up."""
+    """Same-folder temporary file, fsync, ``os.replace`` (``files.Partial``); stale temporaries are cleaned up."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(target.parent)
-        partial = target.with_name(f"{target.name}{TEMP_MARKER}{os.getpid()}")
-        try:
-            with open(partial, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(partial, target)
-            directory = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)  # make the rename itself durable
-            finally:
-                os.close(directory)
-        finally:
-            partial.unlink(missing_ok=True)
-
-
-def remove_stale_temporaries(folder: Path) -> None:
-    """Delete temporary checkpoint files of writers that are gone (any process but this one)."""
-    own = f"{TEMP_MARKER}{os.getpid()}"
-    for stale in folder.glob(f"*.ckpt{TEMP_MARKER}*"):
-        if not stale.name.endswith(own):
-            stale.unlink(missing_ok=True)
+        remove_stale_partials(target.parent, "*.ckpt")  # only rank 0 writes checkpoints
+        with Partial(target) as partial:
+            torch.save(checkpoint, partial)
 
 
 class CheckpointError(UserError, ValueError):

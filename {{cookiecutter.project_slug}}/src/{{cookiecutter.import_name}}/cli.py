@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -29,7 +29,6 @@ from .runs import Run, RunIdentity, class_of, experiment_dir, loggers, resolve_c
 from .summary import evaluation_summary, fit_summary, interruption_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-T = TypeVar("T")
 # Loggers whose package is an optional extra of pyproject.toml (configs/presets/mlflow.yaml, wandb.yaml):
 # logger class -> (module, extra).
 TRACKERS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}
@@ -124,21 +123,26 @@ class TrainerCLI(LightningCLI):
         identity = RunIdentity.of(resolved_config(parser, config), data)
         experiment = experiment_dir(config.trainer)
         allow_fresh_start = subcommand == "fit" and config.allow_fresh_start
-        checkpoint = resolve_checkpoint(
-            subcommand, config.ckpt_path, experiment, experiment / identity.short, allow_fresh_start
-        )
+        checkpoint = resolve_checkpoint(subcommand, config.ckpt_path, experiment, identity, allow_fresh_start)
         stored = read_checkpoint(checkpoint) if isinstance(checkpoint, Path) else {}
         config.ckpt_path = str(checkpoint) if checkpoint is not None else None
         if subcommand != "fit":
             # Evaluation takes the model's settings from the checkpoint (Lightning's behaviour). A resumed
             # fit does not: its config is compared with the checkpoint's instead, and changes are refused
             # unless allowed, so a change is never silently undone.
-            super()._parse_ckpt_path()
-            identity = RunIdentity.of(resolved_config(parser, config), data)
+            self._take_model_settings(subcommand, stored)
+            identity = RunIdentity.of(resolved_config(parser, self.config[subcommand]), data)
         allow_change = subcommand == "fit" and config.allow_config_change
         self.run = Run.plan(subcommand, identity, experiment, checkpoint, stored, allow_change)
         if launched_as_rank_zero():  # the process that writes the run holds it from here on
             self.run.take()
+
+    def _take_model_settings(self, subcommand: str, stored: dict[str, Any]) -> None:
+        """Lightning's ``_parse_ckpt_path`` on the checkpoint already read (it would load the file once more)."""
+        hparams = dict(stored.get("hyper_parameters", {}))
+        hparams.pop("_instantiator", None)
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def before_instantiate_classes(self) -> None:
         if self.run is None:
@@ -157,12 +161,9 @@ class TrainerCLI(LightningCLI):
                 raise UsageError(f"{error}; fix that value in the config or on the command line") from error
             raise
 
-    def _callback(self, kind: type[T]) -> T | None:
-        return next((callback for callback in self.trainer.callbacks if isinstance(callback, kind)), None)
-
     def _run_subcommand(self, subcommand: str) -> None:
-        record = self._callback(RunRecord)
-        keep = (lambda: record.trained) if (record is not None and subcommand == "fit") else (lambda: False)
+        session = self.run.session
+        keep = (lambda: session.trained) if subcommand == "fit" else (lambda: False)
         try:
             if self.trainer.is_global_zero:
                 with self.run.held(keep):
@@ -171,9 +172,9 @@ class TrainerCLI(LightningCLI):
                 super()._run_subcommand(subcommand)
         except BaseException as error:
             if keep() and self.trainer.is_global_zero:
-                print(interruption_summary(self.trainer, record))
-            code = stopped_exit_code(getattr(record, "stopped_by", None) or error)
-            stop = self._callback(StopOnSignal)
+                print(interruption_summary(self.trainer, self.run))
+            code = stopped_exit_code(session.stopped_by or error)
+            stop = next((callback for callback in self.trainer.callbacks if isinstance(callback, StopOnSignal)), None)
             if code is not None and stop is not None and stop.agreed:  # stopped at a batch boundary
                 if stop.requeue_wanted and self.trainer.is_global_zero:
                     # The cluster's warning signal: the checkpoint is written, now the job may go back in the queue.
@@ -184,9 +185,9 @@ class TrainerCLI(LightningCLI):
             if code is not None:  # a stopped run is not a finished one: say so in the exit status
                 raise SystemExit(code) from None
             raise
-        if record is not None and self.trainer.is_global_zero and not self.trainer.interrupted:
+        if self.trainer.is_global_zero and not self.trainer.interrupted:
             summary = fit_summary if subcommand == "fit" else evaluation_summary
-            print(summary(self.trainer, record))
+            print(summary(self.trainer, self.run))
 
 
 def main(default_config: Path | None = None, args: list[str] | None = None) -> None:

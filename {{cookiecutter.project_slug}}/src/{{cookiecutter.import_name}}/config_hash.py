@@ -7,7 +7,6 @@ directory). Everything else â€” model, data, optimizer, trainer settings, seed â
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -60,8 +59,3 @@ def canonical_config(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_
     for key in excluded:
         _drop(pruned, key.split("."))
     return json.dumps(pruned, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def config_hash(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_KEYS) -> str:
-    """Full hex SHA-256 of ``canonical_config(config)``."""
-    return hashlib.sha256(canonical_config(config, excluded).encode()).hexdigest()

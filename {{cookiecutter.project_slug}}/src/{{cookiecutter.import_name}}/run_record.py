@@ -24,7 +24,7 @@ class RunRecord(SaveConfigCallback):
     broadcasts, as the parent class does. The full hash and canonical config (with the data
     fingerprint) go into every checkpoint, and the hash to the logger's hyperparameters.
 
-    It also counts this session's steps and images: until the first optimizer step, an exception
+    It also counts this session's steps and images (``run.session``): until the first optimizer step, an exception
     must not rewrite a checkpoint (the run's ``last.ckpt`` may belong to another config, and
     nothing was learned), and the summary reports the session's throughput.
     """
@@ -34,25 +34,7 @@ class RunRecord(SaveConfigCallback):
         # which an MLflow logger (a database, no folder) does not have.
         super().__init__(*args, save_to_log_dir=False, **kwargs)
         self.run = run
-        self.first_step: int | None = None
-        self._last_step = 0
-        self.images = 0
-        self.started = time.perf_counter()
-        self.stopped_by: BaseException | None = None  # what ended training early, as Lightning saw it
-
-    @property
-    def trained(self) -> bool:
-        """Whether this session has taken an optimizer step."""
-        return self.steps_taken > 0
-
-    @property
-    def elapsed(self) -> float:
-        """Seconds since this session's training started."""
-        return time.perf_counter() - self.started
-
-    @property
-    def steps_taken(self) -> int:
-        return self._last_step - self.first_step if self.first_step is not None else 0
+        self.session = run.session  # what the CLI and the summary read back
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.already_saved:
@@ -90,18 +72,18 @@ class RunRecord(SaveConfigCallback):
         checkpoint["config"] = self.run.identity.canonical
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.first_step = self._last_step = trainer.global_step
-        self.started = time.perf_counter()
+        self.session.first_step = self.session.last_step = trainer.global_step
+        self.session.started = time.perf_counter()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        self._last_step = trainer.global_step
-        self.images += len(batch[0]) * trainer.world_size
+        self.session.last_step = trainer.global_step
+        self.session.images += len(batch[0]) * trainer.world_size
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # Lightning turns Ctrl-C into sys.exit(1) afterwards; the exit code is decided from this instead.
-        self.stopped_by = exception
+        self.session.stopped_by = exception
         # Runs before the ModelCheckpoints' own on_exception (Lightning puts checkpoint callbacks last).
-        if not self.trained:
+        if not self.session.trained:
             for callback in trainer.checkpoint_callbacks:
                 if isinstance(callback, ModelCheckpoint):
                     callback.save_on_exception = False

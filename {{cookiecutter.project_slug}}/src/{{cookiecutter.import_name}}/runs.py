@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
 from .config_hash import LAUNCH_SWITCHES, SHORT_LENGTH, canonical_config
 from .errors import UsageError
+from .files import NewFolders
 from .run_lock import RunLock
 
 CHECKPOINTS = "checkpoints"
@@ -61,6 +63,10 @@ class RunIdentity:
     @property
     def short(self) -> str:
         return self.hash[:SHORT_LENGTH]
+
+    def run_dir(self, parent: Path) -> Path:
+        """The folder this identity's run has under ``parent`` (an experiment, or an evaluated run's stage)."""
+        return Path(parent) / self.short
 
     def changes_from(self, other_canonical: str) -> dict[str, str]:
         return config_changes(json.loads(other_canonical), json.loads(self.canonical))
@@ -143,10 +149,11 @@ def resolve_checkpoint(
     subcommand: str,
     ckpt_path: str | None,
     experiment: Path,
-    own_run: Path,
+    identity: RunIdentity,
     allow_fresh_start: bool,
 ) -> Path | str | None:
     """The checkpoint file a command starts from (a Lightning keyword passes through), or a usage error."""
+    own_run = identity.run_dir(experiment)
     if ckpt_path is None or ckpt_path in LIGHTNING_KEYWORDS:
         return ckpt_path
     if ckpt_path == "last":
@@ -173,6 +180,31 @@ def resolve_checkpoint(
 
 
 @dataclass
+class Session:
+    """What this command's training did: counted by ``RunRecord``, read by the CLI and the summary."""
+
+    first_step: int | None = None
+    last_step: int = 0
+    images: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    stopped_by: BaseException | None = None  # what ended training early, as Lightning saw it
+
+    @property
+    def steps_taken(self) -> int:
+        return self.last_step - self.first_step if self.first_step is not None else 0
+
+    @property
+    def trained(self) -> bool:
+        """Whether this session has taken an optimizer step."""
+        return self.steps_taken > 0
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since this session's training started."""
+        return time.perf_counter() - self.started
+
+
+@dataclass
 class Run:
     """Where one command's logs and checkpoints go, and what it continues."""
 
@@ -180,8 +212,9 @@ class Run:
     identity: RunIdentity
     directory: Path
     checkpoint: Path | str | None = None
+    session: Session = field(default_factory=Session)
     # What ``take`` found and holds.
-    _topmost_missing: Path | None = field(default=None, init=False, repr=False)
+    _new_folders: NewFolders | None = field(default=None, init=False, repr=False)
     _before: dict[Path, bytes | None] = field(default_factory=dict, init=False, repr=False)
     _lock: RunLock | None = field(default=None, init=False, repr=False)
     # The placement keys as given, before ``place`` pointed them at this run.
@@ -198,11 +231,11 @@ class Run:
         allow_config_change: bool,
     ) -> Run:
         """Decide the run directory, or refuse (before anything is written) with what to do instead."""
-        own = experiment / identity.short
+        own = identity.run_dir(experiment)
         checkpoint_run = run_of_checkpoint(checkpoint) if isinstance(checkpoint, Path) else None
         if subcommand != "fit":
             # Evaluating a run's checkpoint logs inside that run: <run>/<subcommand>/<hash>/.
-            directory = checkpoint_run / subcommand / identity.short if checkpoint_run else own
+            directory = identity.run_dir(checkpoint_run / subcommand) if checkpoint_run else own
             return cls(subcommand, identity, directory, checkpoint)
         if isinstance(checkpoint, Path) and stored.get("config_hash") not in (None, identity.hash):
             changes = identity.changes_from(stored.get("config", "{}"))
@@ -271,22 +304,12 @@ class Run:
         Called once the run is planned, before anything is built or written, by the process that
         writes the run (rank 0).
         """
-        self._topmost_missing = next(
-            (p for p in reversed([self.directory, *self.directory.parents]) if not p.exists()), None
-        )
-        self._before = _snapshot(self.directory) if self._topmost_missing is None else {}
+        self._new_folders = NewFolders(self.directory)
+        self._before = _snapshot(self.directory) if self._new_folders.topmost is None else {}
         self._lock = RunLock(self.directory)
         if self.subcommand == "fit":
-            self.directory.mkdir(parents=True, exist_ok=True)
-            try:
+            with self._new_folders:  # held by another process: touch nothing of its run
                 self._lock.acquire()
-            except BaseException:  # held by another process: touch nothing of its run
-                self._remove_created()
-                raise
-
-    def _remove_created(self) -> None:
-        if self._topmost_missing is not None:
-            shutil.rmtree(self._topmost_missing, ignore_errors=True)
 
     def undo(self) -> None:
         """Put the directory back as ``take`` found it and let go of the lock.
@@ -298,8 +321,8 @@ class Run:
         """
         if self._lock is None:
             return
-        if self._topmost_missing is not None:
-            self._remove_created()
+        if self._new_folders.topmost is not None:
+            self._new_folders.remove()
         else:
             _restore(self.directory, self._before)
         self._lock.release()

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
-from .run_record import RunRecord
+from .runs import Run
 
 
 def _number(value: float) -> str:
@@ -29,9 +29,9 @@ def _checkpoint_epoch(path: str) -> str:
         return "?"
 
 
-def fit_summary(trainer: L.Trainer, record: RunRecord) -> str:
+def fit_summary(trainer: L.Trainer, run: Run) -> str:
     """Run directory, best and last checkpoints, final metrics, time and throughput of a finished fit."""
-    run = record.run
+    session = run.session
     lines = [f"Run: {run.directory}" + (f" (resumed from {run.checkpoint})" if run.checkpoint else "")]
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint):
@@ -50,16 +50,16 @@ def fit_summary(trainer: L.Trainer, record: RunRecord) -> str:
     }
     if metrics:
         lines.append("Final metrics: " + "  ".join(f"{name} {_number(value)}" for name, value in metrics.items()))
-    if record.steps_taken == 0:
+    if session.steps_taken == 0:
         lines.append(
             "Nothing left to train: the run had already reached trainer.max_epochs/max_steps; to extend it, "
             "raise them and add --allow_config_change true"
         )
     else:
-        seconds = max(record.elapsed, 1e-9)
+        seconds = max(session.elapsed, 1e-9)
         lines.append(
-            f"Time: {_duration(seconds)} for {record.steps_taken} steps this session "
-            f"({record.images / seconds:,.0f} images/s)"
+            f"Time: {_duration(seconds)} for {session.steps_taken} steps this session "
+            f"({session.images / seconds:,.0f} images/s)"
         )
     if getattr(trainer.datamodule, "val_size", None) == 0:
         lines.append(
@@ -74,15 +74,15 @@ def fit_summary(trainer: L.Trainer, record: RunRecord) -> str:
     return "\n".join(lines)
 
 
-def evaluation_summary(trainer: L.Trainer, record: RunRecord) -> str:
+def evaluation_summary(trainer: L.Trainer, run: Run) -> str:
     """Where a validate/test/predict command logged, and which checkpoint it evaluated."""
-    evaluated = record.run.checkpoint or "the untrained model (no --ckpt_path)"
-    return f"{record.run.subcommand.capitalize()} of {evaluated} logged to {record.run.directory}"
+    evaluated = run.checkpoint or "the untrained model (no --ckpt_path)"
+    return f"{run.subcommand.capitalize()} of {evaluated} logged to {run.directory}"
 
 
-def interruption_summary(trainer: L.Trainer, record: RunRecord) -> str:
+def interruption_summary(trainer: L.Trainer, run: Run) -> str:
     """Where a fit that stopped early (Ctrl-C, SIGTERM, an error after training began) left its state."""
     return (
-        f"Stopped at step {trainer.global_step} in {record.run.directory}; its checkpoints/last.ckpt holds the "
+        f"Stopped at step {trainer.global_step} in {run.directory}; its checkpoints/last.ckpt holds the "
         "state of the last save: run the same command with --ckpt_path last to continue"
     )

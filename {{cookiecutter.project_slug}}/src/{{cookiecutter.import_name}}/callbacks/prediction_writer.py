@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
+
+from ..files import Partial
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -34,6 +35,7 @@ class PredictionWriter(BasePredictionWriter):
         self.path: Path | None = None
         self._handle = None
         self._writer = None
+        self._partial: Partial | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "predict":
@@ -42,13 +44,10 @@ class PredictionWriter(BasePredictionWriter):
         name = self.filename if trainer.world_size == 1 else f"{Path(self.filename).stem}-rank{trainer.global_rank}.csv"
         self.path = log_dir / name
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open(self._partial, "w", newline="")  # noqa: SIM115 (closed in on_predict_end/teardown)
+        self._partial = Partial(self.path)
+        self._handle = open(self._partial.path, "w", newline="")  # noqa: SIM115 (closed in on_predict_end/teardown)
         self._writer = csv.writer(self._handle)
         self._writer.writerow(["image", "predicted", "probability", f"top{self.top_k}"])
-
-    @property
-    def _partial(self) -> Path:
-        return self.path.with_name(f"{self.path.name}.partial-{os.getpid()}")
 
     def write_on_batch_end(
         self,
@@ -73,11 +72,11 @@ class PredictionWriter(BasePredictionWriter):
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-            os.replace(self._partial, self.path)
+            self._partial.commit()
             print(f"Predictions: {self.path}")
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._handle is not None:  # prediction did not end: leave nothing behind
             self._handle.close()
             self._handle = None
-            self._partial.unlink(missing_ok=True)
+            self._partial.discard()

@@ -11,8 +11,6 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-import os
-import shutil
 import tarfile
 import urllib.error
 import zlib
@@ -23,6 +21,7 @@ import numpy as np
 from torchvision.datasets.utils import calculate_md5, download_url
 
 from ..errors import UsageError, UserError
+from ..files import NewFolders, Partial, remove_stale_partials
 from .cifar_format import IMAGE_SHAPE, ROW_LENGTH, CifarFormat, read_batch
 
 log = logging.getLogger(__name__)
@@ -87,17 +86,14 @@ def ensure_archive(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_c
         if not download:
             raise DataError(_missing_archive_message(path, fmt, "and data.download is false"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.part-{os.getpid()}")
-        try:
-            download_url(fmt.url, root=str(partial.parent), filename=partial.name)
-        except (urllib.error.URLError, OSError, RuntimeError) as error:
-            partial.unlink(missing_ok=True)
-            raise DataError(_missing_archive_message(path, fmt, f"downloading failed: {error}")) from error
-        md5 = calculate_md5(str(partial))
-        if verify_checksum and md5 != fmt.md5:
-            partial.unlink()
-            raise DataError(f"the download of {fmt.url} has MD5 {md5}, expected {fmt.md5}; run again to retry")
-        os.replace(partial, path)
+        with Partial(path) as partial:
+            try:
+                download_url(fmt.url, root=str(partial.parent), filename=partial.name)
+            except (urllib.error.URLError, OSError, RuntimeError) as error:
+                raise DataError(_missing_archive_message(path, fmt, f"downloading failed: {error}")) from error
+            md5 = calculate_md5(str(partial))
+            if verify_checksum and md5 != fmt.md5:
+                raise DataError(f"the download of {fmt.url} has MD5 {md5}, expected {fmt.md5}; run again to retry")
     md5 = calculate_md5(str(path))
     if verify_checksum and md5 != fmt.md5:
         raise DataError(
@@ -178,10 +174,8 @@ def _open_tar(archive: Path) -> tarfile.TarFile:
 def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarFormat) -> Cache:
     """Convert the archive's batches into ``.npy`` arrays, atomically replacing any old cache."""
     final = cache_dir(data_dir, fmt)
-    partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    try:
+    with Partial(final) as partial:
+        partial.mkdir(parents=True)
         with _open_tar(archive) as tar:
             meta = _read_member(tar, archive, fmt.member(fmt.meta_file))
             class_names = tuple(str(name) for name in meta.get(fmt.names_key, ()))
@@ -201,23 +195,8 @@ def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarF
             "counts": counts,
         }
         (partial / MARKER).write_text(json.dumps(marker, indent=2))
-        for path in partial.iterdir():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     log.info("converted %s into %s (%s)", archive, final, counts)
     return Cache(final, class_names, archive_md5)
-
-
-def _remove_stale_partials(data_dir: Path, fmt: CifarFormat) -> None:
-    final = cache_dir(data_dir, fmt)
-    for stale in final.parent.glob(f"{final.name}.partial-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for stale in final.parent.glob(f"{fmt.archive_name}.part-*"):
-        stale.unlink(missing_ok=True)
 
 
 def fingerprint(data_dir: Path, fmt: CifarFormat, *, download: bool = True, verify_checksum: bool = True) -> str:
@@ -250,13 +229,8 @@ def prepare(data_dir: Path, fmt: CifarFormat, *, download: bool = True, verify_c
     if not data_dir.is_dir():
         if not download:
             raise DataError(_missing_archive_message(archive_path(data_dir, fmt), fmt, "and data.download is false"))
-        topmost_new = next(p for p in reversed([data_dir, *data_dir.parents]) if not p.exists())
-        data_dir.mkdir(parents=True)
-        try:
+        with NewFolders(data_dir):
             return _prepare_in(data_dir, fmt, download=download, verify_checksum=verify_checksum)
-        except BaseException:
-            shutil.rmtree(topmost_new, ignore_errors=True)
-            raise
     return _prepare_in(data_dir, fmt, download=download, verify_checksum=verify_checksum)
 
 
@@ -265,7 +239,8 @@ def _prepare_in(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_chec
         # One preparer at a time per data folder (two jobs, or several nodes on a shared disk);
         # holding the lock also makes any partial file left in the folder a stale one.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        _remove_stale_partials(data_dir, fmt)
+        for name in (fmt.archive_name, cache_dir(data_dir, fmt).name):  # this dataset's, under this lock
+            remove_stale_partials(data_dir, f"*.{name}")
         if not archive_path(data_dir, fmt).is_file():
             cache = load_cache(data_dir, fmt)
             if cache is not None:

@@ -8,11 +8,10 @@ output folder itself, so the final renames never cross a filesystem.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import TracebackType
 
-PARTIAL_MARKER = ".partial-"  # a hidden name: .partial-<pid>.<final name>
+from ..files import NewFolders, Partial, remove_stale_partials
 
 
 class StagedFiles:
@@ -24,34 +23,26 @@ class StagedFiles:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self._staged: dict[str, Path] = {}
-        self._created: list[Path] = []
+        self._staged: dict[str, Partial] = {}
+        self._new_folders = NewFolders(self.folder)
         self._committed = False
 
     def __enter__(self) -> StagedFiles:
-        missing = [p for p in [self.folder, *self.folder.parents] if not p.exists()]
-        for folder in reversed(missing):
-            folder.mkdir()
-            self._created.append(folder)
-        self._remove_stale_partials()
+        self._new_folders.make()
+        remove_stale_partials(self.folder)  # one export per folder at a time
         return self
 
     def path(self, name: str) -> Path:
         """Where to write the file that becomes ``folder/name`` on commit."""
-        # The final name stays the suffix: readers that insist on ".pt2" or ".onnx" accept the staged file too.
-        staged = self.folder / f"{PARTIAL_MARKER}{os.getpid()}.{name}"
-        self._staged[name] = staged
-        return staged
+        self._staged[name] = Partial(self.folder / name)
+        return self._staged[name].path
 
     def final(self, name: str) -> Path:
         return self.folder / name
 
     def commit(self) -> list[Path]:
         """Rename every staged file to its final name; returns the final paths."""
-        finals = []
-        for name, staged in self._staged.items():
-            os.replace(staged, self.folder / name)
-            finals.append(self.folder / name)
+        finals = [staged.commit() for staged in self._staged.values()]
         self._committed = True
         return finals
 
@@ -61,17 +52,6 @@ class StagedFiles:
         if self._committed:
             return
         for staged in self._staged.values():
-            staged.unlink(missing_ok=True)
-            Path(f"{staged}.data").unlink(missing_ok=True)  # an exporter's external weights, if any
-        for folder in reversed(self._created):
-            try:
-                folder.rmdir()
-            except OSError:  # someone else put a file there meanwhile: theirs, not ours
-                break
-
-    def _remove_stale_partials(self) -> None:
-        """Temporary files of an export that was killed (another process id than this one)."""
-        own = f"{PARTIAL_MARKER}{os.getpid()}."
-        for stale in self.folder.glob(f"{PARTIAL_MARKER}*"):
-            if not stale.name.startswith(own) and stale.is_file():
-                stale.unlink(missing_ok=True)
+            staged.discard()
+            Path(f"{staged.path}.data").unlink(missing_ok=True)  # an exporter's external weights, if any
+        self._new_folders.remove()
