@@ -43,7 +43,10 @@ def installed(bake, request):
     """A rendered project installed into this environment (and uninstalled afterwards)."""
     answers, pytest_args, budget = request.param
     project = bake(**answers)
-    run(sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", f"{project}[dev]", cwd=project)
+    # With the project's lock, as its README says. The full lock rather than the CPU one: its torch is the
+    # one installed here (the CPU lock's Linux torch comes from PyTorch's own index); every other pin is the same.
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-c", "constraints.txt"]
+    run(*pip, "-e", f"{project}[dev]", cwd=project)
     yield project, pytest_args, budget
     subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", project.name], check=False)
 

@@ -7,6 +7,7 @@ with ``--only-binary`` so that a pin without a wheel for a target fails here rat
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,15 @@ def test_the_lock_resolves_for_every_claimed_python_and_system(project, python, 
     env = {**os.environ, "MACOSX_DEPLOYMENT_TARGET": "14.0"}
     result = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_lock_script_reproduces_the_committed_lock(project, tmp_path):
+    # Resolution equals the files, not only "it resolves": the script keeps the current pins unless told to upgrade.
+    copy = tmp_path / "project"
+    shutil.copytree(project, copy)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # this uv
+    result = subprocess.run(["bash", "scripts/lock.sh"], cwd=copy, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for lock in ("constraints.txt", "constraints-cpu.txt"):
+        assert (copy / lock).read_text() == (project / lock).read_text(), f"scripts/lock.sh changed {lock}"
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in project.iterdir())  # no leftover

@@ -3,12 +3,16 @@
 # newer) on Linux, macOS and Windows, in one resolution (uv's universal mode; plain pip reads it):
 #   constraints.txt      torch's default wheels (on Linux: the CUDA build and its nvidia-* packages)
 #   constraints-cpu.txt  the same pins, with torch's CPU build on Linux and no CUDA package at all
-# Extra arguments go to uv, e.g. `scripts/lock.sh --upgrade-package lightning`, or
-# `scripts/lock.sh -c pins.txt` with a file holding `torch==2.14.1` to hold torch back.
+# The current pins are kept unless asked: `scripts/lock.sh --upgrade` moves everything to its newest
+# version, `scripts/lock.sh --upgrade-package lightning` one package; `-c pins.txt` (a file holding e.g.
+# `torch==2.14.1`) holds a package back. Extra arguments go to uv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v uv >/dev/null || { echo "error: uv is not installed; pip install uv" >&2; exit 2; }
 
+# The pins of the current lock are the resolver's preferences (uv reads the output file's pins): without
+# --upgrade or --upgrade-package, an unchanged pyproject.toml gives the same lock, byte for byte.
+grep -v '^#' constraints.txt > constraints.txt.new 2>/dev/null || true
 uv pip compile pyproject.toml --extra dev --universal --python-version 3.10 \
     --no-annotate --no-header --quiet "$@" --output-file constraints.txt.new
 {

@@ -5,10 +5,11 @@ import time
 
 import numpy as np
 import pytest
+import torchvision
 
 from {{ cookiecutter.import_name }}.data.cifar_format import read_batch
 
-from .conftest import write_tiny_archive
+from .conftest import NUM_TEST, NUM_TRAIN, make_images, write_tiny_archive
 
 
 def members(path):
@@ -25,6 +26,31 @@ def test_archive_has_the_official_layout(tmp_path, fmt):
     assert batch["data"].dtype == np.uint8 and batch["data"].shape[1] == 3072
     meta = pickle.loads(files[fmt.member(fmt.meta_file)], encoding="latin1")
     assert meta[fmt.names_key] == list(fmt.class_names)
+
+
+def test_torchvisions_own_reader_reads_a_written_archive(tmp_path, fmt):
+    # torchvision's class as it is, but with its per-file MD5s of the official archive set to None
+    # ("must exist"): written images are not the official ones, and that is all this changes.
+    official = torchvision.datasets.CIFAR10 if fmt.name == "cifar10" else torchvision.datasets.CIFAR100
+    reader = type(
+        "AnyArchive",
+        (official,),
+        {
+            "train_list": [[name, None] for name, _ in official.train_list],
+            "test_list": [[name, None] for name, _ in official.test_list],
+            "meta": {**official.meta, "md5": None},
+        },
+    )
+    with tarfile.open(write_tiny_archive(tmp_path, fmt)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    for train, count, seed in ((True, NUM_TRAIN, 0), (False, NUM_TEST, 1)):
+        dataset = reader(str(tmp_path), train=train, download=False)
+        images, labels = make_images(count, len(fmt.class_names), seed)
+        assert dataset.classes == list(fmt.class_names)
+        assert np.array_equal(dataset.data, images.transpose(0, 2, 3, 1))  # torchvision keeps (N, H, W, C)
+        assert dataset.targets == labels.tolist()
+        first, label = dataset[0]  # through its PIL path
+        assert np.array_equal(np.asarray(first), images[0].transpose(1, 2, 0)) and label == labels[0]
 
 
 def test_the_same_arrays_always_pack_to_the_same_bytes(tmp_path, monkeypatch):

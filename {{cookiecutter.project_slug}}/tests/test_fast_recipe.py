@@ -45,9 +45,9 @@ def test_fast_recipe_trains_evaluates_with_tta_and_exports(tmp_path):
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    assert {"val/top1", "train/loss_step", "train/lr/pg1", "train/lr/pg2"} <= scalars
-    lrs = [event.value for event in events.Scalars("train/lr/pg1")]
-    biases = [event.value for event in events.Scalars("train/lr/pg2")]
+    assert {"val/top1", "train/loss_step", "train/lr/main", "train/lr/norm_biases"} <= scalars
+    lrs = [event.value for event in events.Scalars("train/lr/main")]
+    biases = [event.value for event in events.Scalars("train/lr/norm_biases")]
     assert lrs[0] < max(lrs) and lrs[-1] < max(lrs)  # the triangle: up, then down
     assert biases[0] == pytest.approx(64 * lrs[0])
 

@@ -92,7 +92,7 @@ def test_channels_last_changes_the_memory_order_not_the_result():
 def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_triangle_schedule():
     schedule = partial(Triangle, warmup_fraction=0.25)
     model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH, norm_bias_lr_scale=64.0, lr_schedule=schedule)
-    model._trainer = SimpleNamespace(estimated_stepping_batches=100)
+    model.trainer = L.Trainer(accelerator="cpu", max_steps=100, logger=False)  # the schedule spans its 100 steps
     setup = model.configure_optimizers()
     others, shifts = setup["optimizer"].param_groups
     assert len(shifts["params"]) == 6 and all(p.ndim == 1 for p in shifts["params"])
@@ -103,22 +103,59 @@ def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_triangle_schedule
     assert factor(10) == pytest.approx(0.2 + 0.8 * 10 / 25) and factor(60) == pytest.approx(1 - 0.93 * 35 / 75)
 
 
+class RecordedViews(FlipTranslate):
+    """FlipTranslate that notes each time all of its views are spent."""
+
+    def __init__(self, during_fit="final"):
+        super().__init__(during_fit)
+        self.calls = 0
+
+    def __call__(self, network, images):
+        self.calls += 1
+        return super().__call__(network, images)
+
+
+class ViewsPerValidation(L.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        views = pl_module.test_time_augmentation
+        self.seen.append(views.calls)
+        views.calls = 0
+
+
+def tiny_loader(batches=2):
+    images = torch.randint(0, 256, (8 * batches, 3, 32, 32), dtype=torch.uint8)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.arange(8 * batches) % 10), 8)
+
+
 @pytest.mark.parametrize(
-    ("fn", "step", "epoch", "during_fit", "all_views"),
+    ("during_fit", "limits", "expected"),
     [
-        ("fit", 3, 0, "final", False),  # an epoch's validation: one view, cheap
-        ("fit", 10, 1, "final", True),  # the last one (max_steps reached): all views
-        ("fit", 8, 2, "final", True),  # the last epoch
-        ("fit", 3, 0, "every", True),
-        ("test", 3, 0, "final", True),  # evaluation commands: always all views
+        ("final", {"max_epochs": 3}, [0, 0, 1]),  # the epochs' validations see one view; the last one all
+        ("final", {"max_epochs": 3, "max_steps": 3}, [0, 1]),  # max_steps inside epoch 1: that validation
+        ("every", {"max_epochs": 3}, [1, 1, 1]),
     ],
 )
-def test_test_time_views_are_spent_where_they_count(fn, step, epoch, during_fit, all_views):
-    model = ImageClassifier(num_classes=10, backbone=TINY_FASTCNN, test_time_augmentation=FlipTranslate(during_fit))
-    model._trainer = SimpleNamespace(
-        state=SimpleNamespace(fn=fn), max_steps=10, global_step=step, max_epochs=3, current_epoch=epoch
+def test_test_time_views_are_spent_where_they_count(during_fit, limits, expected):
+    model = ImageClassifier(num_classes=10, backbone=TINY_FASTCNN, test_time_augmentation=RecordedViews(during_fit))
+    views = ViewsPerValidation()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=1,
+        callbacks=[views],
+        **limits,
     )
-    assert model._all_views_now() == all_views
+    trainer.fit(model, tiny_loader(), tiny_loader(1))
+    assert views.seen == expected
+    trainer.test(model, tiny_loader(1), verbose=False)  # evaluation commands always spend all views
+    assert model.test_time_augmentation.calls == 1
 
 
 def test_whitening_bias_starts_at_zero_as_in_airbench():
@@ -164,7 +201,7 @@ def test_an_unfitted_whitening_layer_refuses_to_train_and_names_the_callback():
 def test_resnet_depth_picks_torchvision_layout():
     blocks = {depth: len(CifarResNet(10, depth).layer3) for depth in (18, 34, 50)}
     assert blocks == {18: 2, 34: 6, 50: 6} and isinstance(CifarResNet(10, 50).layer1[0].conv3, torch.nn.Conv2d)
-    with pytest.raises(ValueError, match="18, 34, 50"):
+    with pytest.raises(ValueError, match="18, 34 or 50"):
         CifarResNet(10, depth=20)
 
 

@@ -22,9 +22,9 @@ def trained(tmp_path_factory) -> Path:
     return root
 
 
-def predict(root: Path, *extra: str):
+def predict(root: Path, *extra: str, check: bool = True):
     args = ["predict", "--config", str(default_config()), *FAST_ARGS, "--data.data_dir=data", "--ckpt_path=last"]
-    return run_cli(*args, *extra, cwd=root)
+    return run_cli(*args, *extra, cwd=root, check=check)
 
 
 def rows(root: Path, result) -> list[dict[str, str]]:
@@ -56,3 +56,30 @@ def test_predict_on_a_folder_of_own_images_skips_the_unreadable_one(trained):
     result = predict(trained, f"--data.predict_dir={folder}")
     assert [row["image"] for row in rows(trained, result)] == ["alpha.png", "big.png", "nested/gray.jpg"]
     assert f"skipped {folder / 'broken.png'}: not a readable image" in result.stderr
+
+
+def test_predict_on_own_images_needs_no_cifar_archive_and_takes_upper_case_names(trained):
+    folder = trained / "camera"
+    folder.mkdir()
+    Image.fromarray(np.full((32, 32, 3), 90, np.uint8)).save(folder / "PHOTO.JPG", format="JPEG")
+    Image.fromarray(np.full((32, 32, 3), 30, np.uint8)).save(folder / "Scan.PNG", format="PNG")
+    (folder / "notes.TXT").write_text("not an image, and not named like one")
+    # No archive and no converted data in this folder, and nothing may be downloaded.
+    result = predict(trained, f"--data.predict_dir={folder}", "--data.data_dir=no_cifar_here", "--data.download=false")
+    assert [row["image"] for row in rows(trained, result)] == ["PHOTO.JPG", "Scan.PNG"]
+    assert not (trained / "no_cifar_here").exists()
+
+
+@pytest.mark.parametrize("problem", ["empty-folder", "not-a-folder", "missing"])
+def test_a_predict_folder_without_images_is_one_line_and_leaves_nothing(trained, problem):
+    target = trained / f"bad-{problem}"
+    if problem == "empty-folder":
+        (target / "nested").mkdir(parents=True)  # folders, but no image anywhere
+    elif problem == "not-a-folder":
+        target.write_bytes(b"a file")
+    runs_before = sorted(p for p in (trained / "runs").rglob("*"))
+    result = predict(trained, f"--data.predict_dir={target}", check=False)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"data.predict_dir={target}" in errors[0] and "; " in errors[0]
+    assert sorted(p for p in (trained / "runs").rglob("*")) == runs_before  # no predict folder left behind

@@ -10,8 +10,7 @@ import time
 import pytest
 import torch
 
-from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO, CheckpointError
-from {{ cookiecutter.import_name }}.errors import UsageError
+from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO
 
 from .conftest import (
     cli_env,
@@ -111,27 +110,12 @@ def finished(tmp_path, monkeypatch):
     return tmp_path, last
 
 
-@pytest.mark.parametrize("problem", ["truncated", "foreign"])
-def test_a_broken_checkpoint_is_refused_by_name(finished, monkeypatch, problem):
-    root, last = finished
-    bad = root / "bad.ckpt"
-    if problem == "truncated":
-        bad.write_bytes(last.read_bytes()[:2000])
-    else:
-        torch.save({"weights": torch.zeros(2)}, bad)
-    with pytest.raises(CheckpointError, match=f"{bad} is not a"):
-        in_process(fit_args("data", f"--ckpt_path={bad}"), root, monkeypatch)
-
-
-def test_resuming_under_a_changed_config_lists_the_changes_or_is_allowed(finished, monkeypatch):
+def test_resuming_under_a_changed_config_is_allowed_by_the_switch(finished, monkeypatch):
     root, last = finished
     run_dir = last.parents[1]
     schedule, smoothing = "--model.lr_schedule=Constant", "--model.label_smoothing=0.2"
     changed = fit_args("data", "--trainer.max_epochs=2", schedule, smoothing, f"--ckpt_path={last}")
-    with pytest.raises(UsageError) as refused:
-        in_process(changed, root, monkeypatch)
-    assert "trainer.max_epochs: 1 -> 2" in str(refused.value) and "--allow_config_change" in str(refused.value)
-
+    # (refused without the switch: tests/test_runs.py, the "changed-config" mistake)
     cli = in_process([*changed, "--allow_config_change=true"], root, monkeypatch)
     assert cli.trainer.current_epoch == 2 and cli.run.directory.resolve() == run_dir.resolve()  # the same run
     assert cli.model.hparams.label_smoothing == 0.2  # the allowed change is in force, not the checkpoint's value
@@ -139,13 +123,3 @@ def test_resuming_under_a_changed_config_lists_the_changes_or_is_allowed(finishe
     assert new_hash == cli.run.identity.hash != old_hash
     assert (run_dir / "config.yaml").is_file() and (run_dir / f"config-{new_hash[:12]}.yaml").is_file()
     assert torch.load(last, weights_only=True)["config_hash"] == new_hash
-
-
-def test_settings_that_shape_the_weights_cannot_change_on_resume(finished, monkeypatch):
-    root, last = finished
-    before = last.read_bytes()
-    allowed = "--allow_config_change=true"
-    args = fit_args("data", "--model.lr_schedule=Constant", "--model.backbone.width=8", f"--ckpt_path={last}", allowed)
-    with pytest.raises(UsageError, match=r"cannot continue under model\.backbone\.init_args\.width: 4 -> 8"):
-        in_process(args, root, monkeypatch)
-    assert last.read_bytes() == before

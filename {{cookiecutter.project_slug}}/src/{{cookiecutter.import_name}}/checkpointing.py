@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from typing_extensions import override
 
 from .errors import UserError
 from .files import Partial, remove_stale_partials
@@ -26,6 +27,7 @@ from .files import Partial, remove_stale_partials
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Same-folder temporary file, fsync, ``os.replace`` (``files.Partial``); stale temporaries are cleaned up."""
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing_extensions import override
 
 from .callbacks.stop_on_signal import StopOnSignal
 from .checkpointing import read_checkpoint
@@ -51,7 +52,10 @@ def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
     return json.loads(parser.dump(config, format="json", skip_check=True))
 
 
-def data_fingerprint(data: Namespace) -> str:
+def data_fingerprint(subcommand: str, data: Namespace) -> str:
+    """What the command reads: the archive's identity, or for ``predict`` on your own images their folder."""
+    if subcommand == "predict" and data.get("predict_dir"):
+        return f"images:{data.predict_dir}"  # no CIFAR archive is needed, or looked for
     return fingerprint(
         Path(data.data_dir), FORMATS[data.dataset], download=data.download, verify_checksum=data.verify_checksum
     )
@@ -60,6 +64,7 @@ def data_fingerprint(data: Namespace) -> str:
 class OneLineErrorParser(LightningArgumentParser):
     """LightningCLI's parser, with a bad option or value reported in one line instead of a page of usage."""
 
+    @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or full_error_wanted():  # jsonargparse is trying alternatives, or asked to
             super().error(message, ex)
@@ -90,6 +95,7 @@ class TrainerCLI(LightningCLI):
             kwargs.setdefault("parser_kwargs", per_subcommand if runs else defaults)
         super().__init__(ImageClassifier, CifarDataModule, **kwargs)
 
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for key in ("num_classes", "class_names", "mean", "std"):
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
@@ -111,6 +117,7 @@ class TrainerCLI(LightningCLI):
             help="With --ckpt_path last: start a new run when there is none to resume (for self-resubmitting jobs).",
         )
 
+    @override
     def _parse_ckpt_path(self) -> None:
         """Decide the run (and the checkpoint file behind ``last``) before anything is built or written."""
         subcommand = self.config.get("subcommand")  # self.subcommand is set only after this runs
@@ -119,7 +126,7 @@ class TrainerCLI(LightningCLI):
             return
         config = self.config[subcommand]
         parser = self._parser(subcommand)
-        data = data_fingerprint(config.data)
+        data = data_fingerprint(subcommand, config.data)
         identity = RunIdentity.of(resolved_config(parser, config), data)
         experiment = experiment_dir(config.trainer)
         allow_fresh_start = subcommand == "fit" and config.allow_fresh_start
@@ -144,12 +151,14 @@ class TrainerCLI(LightningCLI):
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
+    @override
     def before_instantiate_classes(self) -> None:
         if self.run is None:
             return
         self.run.place(self.config[self.subcommand].trainer)
         self.save_config_kwargs["run"] = self.run
 
+    @override
     def instantiate_classes(self) -> None:
         try:
             check_tracker_packages(self.config[self.subcommand].trainer if self.subcommand else self.config.trainer)
@@ -161,6 +170,7 @@ class TrainerCLI(LightningCLI):
                 raise UsageError(f"{error}; fix that value in the config or on the command line") from error
             raise
 
+    @override
     def _run_subcommand(self, subcommand: str) -> None:
         session = self.run.session
         keep = (lambda: session.trained) if subcommand == "fit" else (lambda: False)

@@ -12,9 +12,10 @@ import os
 import re
 import signal
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn, get_args
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
 
 DEBUG_VARIABLE = "FULL_ERROR"
 # Lines of jsonargparse's report that a one-line error leaves out.
@@ -108,6 +109,15 @@ def exit_with(error: BaseException) -> None:
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse for the project's other commands (export.py, sweep.py): a bad option is one line, as in main.py."""
 
+    @override
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}; see python {self.prog} --help", file=sys.stderr)
         raise SystemExit(USAGE)
+
+
+def check_choice(key: str, value: object, choices: Any) -> None:
+    """A constructor's check of a ``Literal``-typed value (Python callers bypass the CLI's), its values named once."""
+    allowed = get_args(choices)
+    if value not in allowed:
+        names = ", ".join(map(str, allowed[:-1])) + f" or {allowed[-1]}"
+        raise ValueError(f"{key} must be {names}, got {value!r}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import warnings
 
+from typing_extensions import override
+
 # (message pattern, category): why it says nothing here
 KNOWN_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     # lightning 2.6 uses a torch pytree API that torch >= 2.10 deprecates, twice per fit
@@ -24,6 +26,7 @@ ADVERTISEMENT = "💡 Tip:"
 
 
 class _DropAdvertisements(logging.Filter):
+    @override
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith(ADVERTISEMENT)
 

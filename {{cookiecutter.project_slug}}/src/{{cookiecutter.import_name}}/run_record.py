@@ -11,6 +11,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+from typing_extensions import override
 
 from .runs import HASH_FILENAME, Run
 
@@ -36,6 +37,7 @@ class RunRecord(SaveConfigCallback):
         self.run = run
         self.session = run.session  # what the CLI and the summary read back
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.already_saved:
             self.config = self.run.as_given(self.config)  # so that fit --config config.yaml names this run again
@@ -53,6 +55,7 @@ class RunRecord(SaveConfigCallback):
             return hashes.read_text().split()
         return [self.run.identity.hash] if Path(self.log_dir, self.config_filename).is_file() else []
 
+    @override
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # rank 0 only: no collectives here
         config_path = Path(self.log_dir, self.config_filename)
@@ -67,18 +70,22 @@ class RunRecord(SaveConfigCallback):
             if isinstance(logger, MLFlowLogger):  # and the file itself
                 logger.experiment.log_artifact(logger.run_id, str(config_path))
 
+    @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint["config_hash"] = self.run.identity.hash
         checkpoint["config"] = self.run.identity.canonical
 
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.session.first_step = self.session.last_step = trainer.global_step
         self.session.started = time.perf_counter()
 
+    @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         self.session.last_step = trainer.global_step
         self.session.images += len(batch[0]) * trainer.world_size
 
+    @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # Lightning turns Ctrl-C into sys.exit(1) afterwards; the exit code is decided from this instead.
         self.session.stopped_by = exception

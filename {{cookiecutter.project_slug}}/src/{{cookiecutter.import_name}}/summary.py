@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
+from .data.interfaces import ValidationSplit
 from .runs import Run
 
 
@@ -61,7 +62,7 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
             f"Time: {_duration(seconds)} for {session.steps_taken} steps this session "
             f"({session.images / seconds:,.0f} images/s)"
         )
-    if getattr(trainer.datamodule, "val_size", None) == 0:
+    if isinstance(trainer.datamodule, ValidationSplit) and trainer.datamodule.validates_on_test_set:
         lines.append(
             "Note: data.val_size is 0, so val/* was measured on the test set and the best checkpoint was chosen "
             "on it; set data.val_size to hold out training images for an unbiased choice"

@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # draw into images only; never open a window
 
 import matplotlib.pyplot as plt
 from torchmetrics.classification import MulticlassConfusionMatrix
+from typing_extensions import override
 
 from .tensorboard import metrics_step, tensorboard_writers
 
@@ -41,9 +42,11 @@ class ConfusionMatrix(L.Callback):
         self.max_named_classes = max_named_classes
         self.metric: MulticlassConfusionMatrix | None = None
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.metric = MulticlassConfusionMatrix(pl_module.hparams.num_classes).to(pl_module.device)
 
+    @override
     def on_validation_batch_end(
         self,
         trainer: L.Trainer,
@@ -57,6 +60,7 @@ class ConfusionMatrix(L.Callback):
             return
         self.metric.to(outputs.device).update(outputs.argmax(dim=-1), batch[1])
 
+    @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return

@@ -22,6 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
+from typing_extensions import override
 
 CAUSES = (
     "usual causes: a learning rate that is too high (lower model.optimizer.init_args.lr or lengthen the warm-up), "
@@ -76,6 +77,7 @@ class GradScaleWatchdog(L.Callback):
         """The scaler's scale as a device tensor (``get_scale()`` would copy it to the host)."""
         return getattr(scaler, "_scale", None)
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._scaler(trainer) is None:
             rank_zero_info(
@@ -83,11 +85,13 @@ class GradScaleWatchdog(L.Callback):
                 "only non-finite losses are watched."
             )
 
+    @override
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         scaler = self._scaler(trainer)
         scale = self._scale_tensor(scaler) if scaler is not None else None
         self._scale_before = scale.clone() if scale is not None else None  # update() changes it in place
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -134,6 +138,7 @@ class GradScaleWatchdog(L.Callback):
         self._unread, self._unread_steps = {}, 0
         return longest
 
+    @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._read()
 
@@ -173,9 +178,11 @@ class GradScaleWatchdog(L.Callback):
             f"{self.stop_checkpoint}; resume with --ckpt_path last once the cause is fixed. {CAUSES.capitalize()}."
         )
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         self._read()  # a checkpoint holds every skip so far
         return {"skipped_steps": self.skipped_steps}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps = int(state_dict["skipped_steps"])

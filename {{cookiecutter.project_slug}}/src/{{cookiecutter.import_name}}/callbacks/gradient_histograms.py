@@ -12,6 +12,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from .tensorboard import tensorboard_writers
 
@@ -42,6 +43,7 @@ class GradientHistograms(L.Callback):
         self.log_weights = log_weights
         self.log_norms = log_norms
 
+    @override
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if not self.every_n_steps or trainer.global_step % self.every_n_steps or not trainer.is_global_zero:
             return

@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 
 class Lookahead(L.Callback):
@@ -33,6 +34,7 @@ class Lookahead(L.Callback):
         self.power = power
         self.slow: dict[str, Tensor] | None = None
 
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         weights = self._averaged(pl_module)
         if self.slow is None:
@@ -40,6 +42,7 @@ class Lookahead(L.Callback):
         else:  # restored from a checkpoint, on the CPU
             self.slow = {name: self.slow[name].to(tensor.device) for name, tensor in weights.items()}
 
+    @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -60,8 +63,10 @@ class Lookahead(L.Callback):
     def _averaged(module: nn.Module) -> dict[str, Tensor]:
         return {name: tensor for name, tensor in module.state_dict().items() if tensor.is_floating_point()}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"slow": self.slow}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.slow = state_dict["slow"]

@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.tensorboard.summary import hparams
+from typing_extensions import override
 
 from ..model_cost import model_cost
 from .tensorboard import tensorboard_writers
@@ -41,6 +42,7 @@ class ModelReport(L.Callback):
         """
         self.warn_above_gflops = warn_above_gflops
 
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return

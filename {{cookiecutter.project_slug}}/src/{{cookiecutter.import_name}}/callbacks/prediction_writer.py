@@ -10,7 +10,9 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
+from typing_extensions import override
 
+from ..data.interfaces import PredictionNames
 from ..files import Partial
 
 
@@ -37,6 +39,7 @@ class PredictionWriter(BasePredictionWriter):
         self._writer = None
         self._partial: Partial | None = None
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "predict":
             return
@@ -49,6 +52,7 @@ class PredictionWriter(BasePredictionWriter):
         self._writer = csv.writer(self._handle)
         self._writer.writerow(["image", "predicted", "probability", f"top{self.top_k}"])
 
+    @override
     def write_on_batch_end(
         self,
         trainer: L.Trainer,
@@ -59,15 +63,17 @@ class PredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
-        names = getattr(trainer.datamodule, "predict_names", None) or []
+        data = trainer.datamodule
+        name = data.predict_name if isinstance(data, PredictionNames) else str
         class_names = getattr(pl_module, "class_names", None) or [str(i) for i in range(prediction.shape[-1])]
         probabilities, classes = prediction.float().topk(min(self.top_k, prediction.shape[-1]), dim=-1)
         indices = batch_indices if batch_indices is not None else range(len(prediction))
         for index, top_p, top_c in zip(indices, probabilities.tolist(), classes.tolist(), strict=True):
-            image = names[index] if index < len(names) else str(index)
+            image = name(index)
             top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(top_c, top_p, strict=True))
             self._writer.writerow([image, class_names[top_c[0]], f"{top_p[0]:.4f}", top])
 
+    @override
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._handle is not None:
             self._handle.close()
@@ -75,6 +81,7 @@ class PredictionWriter(BasePredictionWriter):
             self._partial.commit()
             print(f"Predictions: {self.path}")
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._handle is not None:  # prediction did not end: leave nothing behind
             self._handle.close()

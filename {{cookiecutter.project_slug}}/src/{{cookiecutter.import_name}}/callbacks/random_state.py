@@ -2,7 +2,8 @@
 
 Saved: Python's ``random``, NumPy's global generator, torch's CPU generator and every CUDA
 generator (the data order is drawn from torch's CPU generator at each epoch start; the
-device augmentation's own generator is saved by the DataModule). States are restored at
+device augmentation needs no saved state: its generator is re-seeded from the run seed, the
+rank and the epoch, and replays skipped batches on resume, see data/augment.py). States are restored at
 the start of training, after the sanity-check validation, which draws from the same
 generators and would otherwise shift them.
 """
@@ -15,6 +16,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from typing_extensions import override
 
 
 class RandomState(L.Callback):
@@ -23,6 +25,7 @@ class RandomState(L.Callback):
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         kind, keys, position, has_gauss, cached = np.random.get_state()
         return {
@@ -32,9 +35,11 @@ class RandomState(L.Callback):
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict
 
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._pending is None:
             return

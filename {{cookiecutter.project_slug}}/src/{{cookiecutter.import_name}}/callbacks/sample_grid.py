@@ -6,6 +6,7 @@ from typing import Any
 
 import lightning as L
 from torchvision.utils import make_grid
+from typing_extensions import override
 
 from .tensorboard import tensorboard_writers
 
@@ -28,6 +29,7 @@ class SampleGrid(L.Callback):
         self.images_per_row = images_per_row
         self._logged = False
 
+    @override
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from typing_extensions import override
 
 # What the ranks agree on (the largest wins), and the exit status of each.
 NO_SIGNAL, TERMINATE, INTERRUPT, REQUEUE = 0, 1, 2, 3
@@ -59,6 +60,7 @@ class StopOnSignal(L.Callback):
     def requeue_wanted(self) -> bool:
         return self.agreed == REQUEUE
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" or threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread (as Lightning's own)
@@ -75,6 +77,7 @@ class StopOnSignal(L.Callback):
         # Before Lightning registers its handlers: it leaves a signal that already has one alone.
         signal.signal(self.requeue_signal, self._on_signal)
 
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After Lightning registered its SIGTERM handler (it always does): this one replaces it.
         if self._restore:
@@ -93,6 +96,7 @@ class StopOnSignal(L.Callback):
         if self._trainer is not None and self._trainer.world_size == 1:  # no one to agree with: this batch
             self._stop(self._trainer, self.received)
 
+    @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         agreed = self.received
         if trainer.world_size > 1:
@@ -106,9 +110,11 @@ class StopOnSignal(L.Callback):
         # The flag Lightning's SIGTERM handler sets: the loop raises its stop at the end of this batch.
         trainer._signal_connector.received_sigterm = True
 
+    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore_handlers()
 
+    @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._restore_handlers()
 

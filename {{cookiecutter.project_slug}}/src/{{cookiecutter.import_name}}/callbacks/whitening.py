@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 import torch
+from typing_extensions import override
 
 from ..data.interfaces import TrainingImages
 from ..models.backbones import PatchWhitening
@@ -30,6 +31,7 @@ class WhiteningFit(L.Callback):
         self.bias_epochs = bias_epochs
         self.layers: list[PatchWhitening] = []
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.layers = [module for module in pl_module.modules() if isinstance(module, PatchWhitening)]
         if stage != "fit" or not self.layers:
@@ -45,6 +47,7 @@ class WhiteningFit(L.Callback):
         for layer in self.layers:
             layer.fit(images)
 
+    @override
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:

@@ -1,6 +1,6 @@
 """The data path: archive → memory-mapped arrays → uint8 batches → augmentation on the device."""
 
 from .datamodule import CifarDataModule
-from .interfaces import TrainingImages
+from .interfaces import PredictionNames, TrainingImages, ValidationSplit
 
-__all__ = ["CifarDataModule", "TrainingImages"]
+__all__ = ["CifarDataModule", "PredictionNames", "TrainingImages", "ValidationSplit"]

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import check_choice
+
 FlipMode = Literal["random", "alternating", "none"]
 PaddingMode = Literal["zeros", "reflect"]
 
@@ -101,10 +103,8 @@ class BatchAugment:
         cutout: int = 0,
         padding_mode: PaddingMode = "zeros",
     ) -> None:
-        if flip not in ("random", "alternating", "none"):
-            raise ValueError(f"data.flip must be random, alternating or none, got {flip!r}")
-        if padding_mode not in ("zeros", "reflect"):
-            raise ValueError(f"data.crop_padding_mode must be zeros or reflect, got {padding_mode!r}")
+        check_choice("data.flip", flip, FlipMode)
+        check_choice("data.crop_padding_mode", padding_mode, PaddingMode)
         self.crop_padding = crop_padding
         self.flip = flip
         self.cutout = cutout

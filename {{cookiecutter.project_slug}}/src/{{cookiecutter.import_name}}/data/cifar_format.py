@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+from typing_extensions import override
 
 IMAGE_SHAPE = (3, 32, 32)
 ROW_LENGTH = 3 * 32 * 32
@@ -113,6 +114,7 @@ class _BatchUnpickler(pickle.Unpickler):
         ("numpy", "dtype"): np.dtype,
     }
 
+    @override
     def find_class(self, module: str, name: str):
         try:
             return self._ALLOWED[(module, name)]

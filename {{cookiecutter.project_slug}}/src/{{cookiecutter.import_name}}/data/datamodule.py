@@ -12,7 +12,9 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
+from ..errors import check_choice
 from .archive import Cache, DataError, DataSettingError, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .cifar_format import FORMATS
@@ -112,8 +114,7 @@ class CifarDataModule(L.LightningDataModule):
         self.std = self.format.std
         if crop_padding < 0 or cutout < 0:
             raise ValueError(f"data.crop_padding and data.cutout must be 0 or more, got {crop_padding} and {cutout}")
-        if storage not in ("auto", "device", "memmap"):
-            raise ValueError(f"data.storage must be auto, device or memmap, got {storage!r}")
+        check_choice("data.storage", storage, Storage)
         self.storage = storage
         self.augment = BatchAugment(crop_padding, flip, cutout, crop_padding_mode)
         self.predict_dir = Path(predict_dir) if predict_dir else None
@@ -126,10 +127,12 @@ class CifarDataModule(L.LightningDataModule):
     def _predicting_own_images(self) -> bool:
         return self.predict_dir is not None and self.trainer is not None and self.trainer.predicting
 
+    @override
     def prepare_data(self) -> None:
         if not self._predicting_own_images():  # your own images need no archive
             prepare(self.data_dir, self.format, download=self.download, verify_checksum=self.verify_checksum)
 
+    @override
     def setup(self, stage: str) -> None:
         if stage == "predict" and self.predict_dir is not None:
             self._derive_batch_sizes()
@@ -216,6 +219,13 @@ class CifarDataModule(L.LightningDataModule):
             return {"predict": self.predict_set}
         return {"train": self.train_set, "val": self.val_set, "test": self.test_set, "predict": self.predict_set}
 
+    @property
+    def validates_on_test_set(self) -> bool:
+        return self.val_size == 0
+
+    def predict_name(self, index: int) -> str:
+        return self.predict_names[index] if index < len(self.predict_names) else str(index)
+
     def train_images(self, count: int) -> Tensor:
         """The first ``count`` training images (uint8, on the CPU), in their fixed order: for fitting layers to data."""
         if self.cache is None:
@@ -274,18 +284,23 @@ class CifarDataModule(L.LightningDataModule):
         self.augment.resume_at(self.trainer.current_epoch, done)  # its random draws skip those batches too
         return done
 
+    @override
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", self.device_batch_size, train=True)
 
+    @override
     def val_dataloader(self) -> DataLoader:
         return self._loader("val", self.device_eval_batch_size, train=False)
 
+    @override
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", self.device_eval_batch_size, train=False)
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         return self._loader("predict", self.device_eval_batch_size, train=False)
 
+    @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Lightning also routes the model's example input (a bare tensor) through here: leave it be.
         if isinstance(batch, Tensor):

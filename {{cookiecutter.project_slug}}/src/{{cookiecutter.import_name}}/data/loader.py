@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from typing_extensions import override
 
 
 class FirstBatchStartLoader(DataLoader):
@@ -42,6 +43,7 @@ class FirstBatchStartLoader(DataLoader):
         self._resumable: _SkipAtStart | None = None
 
     @property
+    @override
     def _index_sampler(self) -> _SkipAtStart:
         # One object for the loader's life: a persistent-workers iterator keeps the one it was made with.
         if self._resumable is None:

@@ -17,13 +17,14 @@ the first stage still sees the full image.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
+from typing_extensions import override
 
-from ..errors import UsageError
+from ..errors import UsageError, check_choice
 
 # What model.backbone is: a class (or function) that builds the network for a number of classes.
 BackboneFactory = Callable[[int], nn.Module]
@@ -85,6 +86,7 @@ class PatchWhitening(nn.Conv2d):
         self.weight.requires_grad_(False)
         self.fitted = False  # set by fit(), or by loading weights that were fitted
 
+    @override
     def forward(self, images: Tensor) -> Tensor:
         if self.training and not self.fitted:
             raise UsageError(
@@ -94,10 +96,12 @@ class PatchWhitening(nn.Conv2d):
             )
         return super().forward(images)
 
+    @override
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self.fitted = prefix + "weight" in state_dict
 
+    @override
     def reset_parameters(self) -> None:
         super().reset_parameters()
         nn.init.zeros_(self.bias)  # airbench starts the (trainable) bias at zero, not PyTorch's uniform draw
@@ -128,6 +132,7 @@ class IdentityInitConv(nn.Conv2d):
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__(in_channels, out_channels, kernel_size=3, padding="same", bias=False)
 
+    @override
     def reset_parameters(self) -> None:
         super().reset_parameters()
         nn.init.dirac_(self.weight.data[: self.in_channels])
@@ -147,6 +152,7 @@ class Scale(nn.Module):
         super().__init__()
         self.factor = factor
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         return x * self.factor
 
@@ -199,9 +205,7 @@ class CifarResNet(ResNet):
             num_classes: Number of classes (given by the model).
             depth: 18, 34 (basic blocks) or 50 (bottleneck blocks).
         """
-        if depth not in get_args(ResNetDepth):
-            allowed = ", ".join(str(value) for value in get_args(ResNetDepth))
-            raise ValueError(f"model.backbone.depth must be one of {allowed}, got {depth}")
+        check_choice("model.backbone.depth", depth, ResNetDepth)
         block, layers = RESNET_LAYOUTS[depth]
         super().__init__(block, layers, num_classes=num_classes)
         self.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)

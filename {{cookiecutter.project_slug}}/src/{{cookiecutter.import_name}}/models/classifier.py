@@ -11,6 +11,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
+from typing_extensions import override
 
 from .backbones import BackboneFactory, FastCNN, build_backbone
 from .schedules import OneCycle, Replanned, ScheduleFactory
@@ -31,6 +32,7 @@ class Normalize(nn.Module):
         self.register_buffer("scale", 1.0 / (255.0 * torch.tensor(std).view(1, -1, 1, 1)))
         self.register_buffer("shift", torch.tensor(mean).view(1, -1, 1, 1) / torch.tensor(std).view(1, -1, 1, 1))
 
+    @override
     def forward(self, images: Tensor) -> Tensor:
         return images.float() * self.scale - self.shift
 
@@ -111,6 +113,7 @@ class ImageClassifier(L.LightningModule):
         self.test_metrics = metrics.clone(prefix="test/")
         self.example_input_array = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
 
+    @override
     def forward(self, images: Tensor) -> Tensor:
         """Logits for a batch of uint8 images of shape (N, 3, 32, 32)."""
         return self._backbone(self._normalized(images))
@@ -136,6 +139,7 @@ class ImageClassifier(L.LightningModule):
     def _backbone(self, x: Tensor) -> Tensor:
         return self.compiled_backbone(x) if self.compiled_backbone is not None else self.backbone(x)
 
+    @override
     def configure_model(self) -> None:
         # A compiled bound method rather than an OptimizedModule attribute: the state_dict keys,
         # network() (profiled, exported) and checkpoints stay those of the plain backbone.
@@ -162,20 +166,25 @@ class ImageClassifier(L.LightningModule):
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train")
         return loss, logits
 
+    @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self._shared_step(batch, self.train_metrics, "train")[0]
 
+    @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Returns the logits, for callbacks such as the confusion matrix."""
         return self._shared_step(batch, self.val_metrics, "val")[1].detach()
 
+    @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, self.test_metrics, "test")
 
+    @override
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Class probabilities for each image."""
         return self.evaluate(batch[0]).softmax(dim=-1)
 
+    @override
     def configure_optimizers(self):
         groups = self._parameter_groups()
         if self.optimizer_factory is not None:
@@ -189,10 +198,11 @@ class ImageClassifier(L.LightningModule):
                 group["weight_decay"] /= scale
         # The schedule spans all optimizer steps of the run as the trainer counts them now.
         scheduler = self.lr_schedule(optimizer, int(self.trainer.estimated_stepping_batches))
-        # "name" is LearningRateMonitor's tag: train/lr (train/lr/pg1, ... with several parameter groups).
+        # "name" is LearningRateMonitor's tag: train/lr, or train/lr/<group name> with several parameter groups.
         schedule = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
+    @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # A run that reaches max_steps inside an epoch would end without validating its final weights
         # (the last val/* would be the previous epoch's). Asking to stop makes Lightning validate now,
@@ -201,6 +211,7 @@ class ImageClassifier(L.LightningModule):
         if max_steps is not None and 0 < max_steps <= self.trainer.global_step:
             self.trainer.should_stop = True
 
+    @override
     def on_train_start(self) -> None:
         # A checkpoint without the schedule's step (e.g. one written by a run without a schedule)
         # still puts the schedule where the run is.
@@ -215,4 +226,5 @@ class ImageClassifier(L.LightningModule):
         shifts = [module.bias for module in self.modules() if isinstance(module, NORMS) and module.bias is not None]
         scaled = {id(parameter) for parameter in shifts}
         others = [parameter for parameter in self.parameters() if id(parameter) not in scaled]
-        return [{"params": others}, {"params": shifts, "lr_scale": scale}]
+        # Named groups: the learning-rate monitor logs train/lr/main and train/lr/norm_biases.
+        return [{"params": others, "name": "main"}, {"params": shifts, "lr_scale": scale, "name": "norm_biases"}]

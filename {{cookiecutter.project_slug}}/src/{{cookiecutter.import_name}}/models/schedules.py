@@ -20,6 +20,7 @@ from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, OneCycleLR
+from typing_extensions import override
 
 # What model.lr_schedule is: a scheduler class (or function) taking the optimizer and the run's total steps.
 ScheduleFactory = Callable[[Optimizer, int], LRScheduler]
@@ -41,9 +42,11 @@ class Replanned(LRScheduler):
             {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
         ]
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"last_epoch": self.last_epoch}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.resume_at(int(state_dict["last_epoch"]))
 
@@ -85,6 +88,7 @@ class OneCycle(Replanned, OneCycleLR):
         self.remember_configuration()
 
     @property
+    @override
     def last_step(self) -> int:
         return self.total_steps  # OneCycleLR refuses steps beyond its plan; a shortened run stops there
 

@@ -8,11 +8,13 @@ predict; ``during_fit`` says which validations during ``fit`` pay for the extra 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..errors import check_choice
 
 Network = Callable[[Tensor], Tensor]
 DuringFit = Literal["final", "every"]
@@ -30,9 +32,7 @@ class TestTimeAugmentation:
             during_fit: Which validations during fit average the views: final (the last one; the others
                 see one view, which is cheaper) or every one. validate/test/predict always do.
         """
-        if during_fit not in get_args(DuringFit):
-            allowed = " or ".join(get_args(DuringFit))
-            raise ValueError(f"model.test_time_augmentation.during_fit must be {allowed}, got {during_fit!r}")
+        check_choice("model.test_time_augmentation.during_fit", during_fit, DuringFit)
         self.during_fit = during_fit
 
     def __call__(self, network: Network, images: Tensor) -> Tensor:

@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 import optuna
 from optuna_integration import PyTorchLightningPruningCallback
+from typing_extensions import override
 
 from ..cli import TrainerCLI
 from ..errors import UserError
@@ -31,6 +32,7 @@ class TrialRecord(L.Callback):
         self.study_name = study_name
         self.run_dir: Path | None = None
 
+    @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.run_dir = Path(trainer.default_root_dir)  # runs.Run.place points it at the run directory
         if trainer.is_global_zero:

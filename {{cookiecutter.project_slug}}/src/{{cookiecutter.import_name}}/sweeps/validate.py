@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing_extensions import override
+
 from ..cli import TrainerCLI
 from ..errors import UsageError
 from .space import SweepSpec, as_options
@@ -12,9 +14,11 @@ from .space import SweepSpec, as_options
 class _ParseOnly(TrainerCLI):
     """The fit command's parser and its checks of every value; nothing is built, seeded or written."""
 
+    @override
     def _set_seed(self) -> None:
         pass
 
+    @override
     def instantiate_classes(self) -> None:
         pass
 
