@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from types import SimpleNamespace
 
 import lightning as L
@@ -17,6 +18,7 @@ from {{ cookiecutter.import_name }}.callbacks import (
     GradientHistograms,
     GradScaleWatchdog,
     Lookahead,
+    ModelReport,
     SampleGrid,
 )
 from {{ cookiecutter.import_name }}.data import CifarDataModule
@@ -153,6 +155,41 @@ def test_watchdog_reads_its_counts_only_every_n_steps_and_stops_at_the_next_read
     with pytest.warns(UserWarning, match="stopped training at step 3 after 2 optimizer steps in a row"):
         trainer = tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
     assert trainer.global_step == 3 and watchdog.skipped_steps == 3  # two skips in a row by step 2, read at 3
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # skipped steps
+@pytest.mark.parametrize(
+    ("init_scale", "overflowing"), [(1e38, True), (2.0**10, False)], ids=["overflowing", "healthy"]
+)
+def test_watchdog_warns_once_below_its_scale_floor_and_above_its_skip_rate(data_dir, tmp_path, init_scale, overflowing):
+    # Never stops (max_consecutive_skips=0): only the two warnings are under test. Every step of the
+    # overflowing run is skipped and halves the scale, from 1e38 to below the 1e37 floor.
+    floor = 1e37 if overflowing else 1.0
+    watchdog = GradScaleWatchdog(
+        scale_floor=floor, max_skip_rate=0.5, window=4, max_consecutive_skips=0, check_every_n_steps=1
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = tiny_fit(data_dir, tmp_path, [watchdog], max_steps=6, plugins=[fp16_on_cpu(init_scale)])
+    messages = [str(w.message) for w in caught if "GradScaleWatchdog" in str(w.message)]
+    below_floor = [m for m in messages if "the fp16 loss scale fell to" in m and f"(< {floor:g})" in m]
+    too_many_skips = [m for m in messages if "of the last 4 optimizer steps were skipped (> 50%)" in m]
+    assert trainer.global_step == 6  # warned, never stopped
+    if overflowing:
+        assert watchdog.skipped_steps == 6 and len(below_floor) == 1 and len(too_many_skips) == 1, messages
+    else:
+        assert watchdog.skipped_steps == 0 and not below_floor and not too_many_skips, messages
+
+
+@pytest.mark.parametrize(("threshold", "warned"), [(1e-6, True), (1000.0, False)], ids=["above", "below"])
+def test_model_report_warns_above_its_gflops_threshold(data_dir, tmp_path, threshold, warned):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiny_fit(data_dir, tmp_path, [ModelReport(warn_above_gflops=threshold)], max_steps=1)
+    above = [str(w.message) for w in caught if "GFLOPs per image is above" in str(w.message)]
+    assert len(above) == (1 if warned else 0), above
+    if warned:
+        assert f"the {threshold:g} GFLOPs threshold" in above[0]
 
 
 def test_watchdog_without_a_scaler_watches_the_loss(data_dir, tmp_path):
