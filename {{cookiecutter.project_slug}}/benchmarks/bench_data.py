@@ -124,6 +124,7 @@ def main() -> None:
             for storage in ("memmap", "device")
         )
         trainer = {"world_size": 1, "global_rank": 0, "current_epoch": 0, "training": False}
+        trainer["accumulate_grad_batches"] = 1
         trainer["strategy"] = SimpleNamespace(root_device=device)
         # An epoch from its start: no batches trained before a resume.
         progress = SimpleNamespace(current=SimpleNamespace(ready=0))

@@ -222,3 +222,38 @@ def test_help_names_the_parts_and_documents_their_options(tmp_path):
     assert "(models/schedules.py: OneCycle, WarmupCosine, Triangle, Constant;" in text
     part = " ".join(run_cli("fit", "--model.backbone.help", "AirBench", cwd=tmp_path).stdout.split())
     assert "--model.backbone.width WIDTH Channels of the first group" in part
+
+
+def hparams_of(run_dir) -> dict:
+    """Every value the run's event files give TensorBoard's HPARAMS tab (all sessions' start infos, merged)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    values = {}
+    for events_file in sorted(run_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(events_file)).Load():
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "hparams":
+                    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                    if data.HasField("session_start_info"):
+                        for key, entry in data.session_start_info.hparams.items():
+                            values[key] = entry.WhichOneof("kind") and getattr(entry, entry.WhichOneof("kind"))
+    return values
+
+
+def test_gradient_accumulation_steps_the_optimizer_once_per_accumulated_batches(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    result = run_cli(*fit_args("data", "--trainer.accumulate_grad_batches=2"), cwd=tmp_path)
+    run_dir = only_run_dir(tmp_path)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    batches = (192 - 32) // 16
+    assert checkpoint["global_step"] == batches // 2
+    # OneCycle ran to its end (lr 0.1 / 25 / 1e4) at the last of the 5 optimizer steps; planned over the 10
+    # batches, it would stand near its peak there.
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    lr_at = {event.step: event.value for event in events.Scalars("train/lr")}
+    last_step = batches // 2 - 1
+    assert max(lr_at) == last_step and lr_at[last_step] < 1e-5 and max(lr_at.values()) == pytest.approx(0.1)
+    assert "Batch: 16 per device x 2 accumulated batches = 32 images per optimizer step" in result.stdout
+    assert hparams_of(run_dir)["data/images_per_step"] == 32

@@ -3,6 +3,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from {{ cookiecutter.import_name }}.config_hash import canonical_config
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.archive import DataError
 from {{ cookiecutter.import_name }}.data.dataset import Positions
@@ -12,14 +13,14 @@ from .conftest import DATASET
 CPU = SimpleNamespace(root_device=torch.device("cpu"))
 
 
-def fake_trainer(world_size=1, global_rank=0, batches_done=0, **state):
+def fake_trainer(world_size=1, global_rank=0, batches_done=0, accumulate_grad_batches=1, **state):
     """The few trainer attributes the DataModule reads, without starting a Trainer.
 
     ``batches_done``: the batches of the current epoch a restored trainer says were trained already.
     """
     progress = SimpleNamespace(current=SimpleNamespace(ready=batches_done))
     fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
-    state = {"training": False, **state}
+    state = {"training": False, "accumulate_grad_batches": accumulate_grad_batches, **state}
     return SimpleNamespace(world_size=world_size, global_rank=global_rank, strategy=CPU, fit_loop=fit_loop, **state)
 
 
@@ -94,22 +95,35 @@ def test_bad_arguments_are_refused(key, value):
         CifarDataModule(**{key: value})
 
 
-def test_global_batch_size_is_split_over_devices_or_refused(data_dir):
-    two_devices = fake_trainer(world_size=2, global_rank=1)
+@pytest.mark.parametrize(("devices", "accumulated", "per_device"), [(2, 1, 16), (2, 2, 8), (1, 4, 8)])
+def test_global_batch_size_is_split_over_devices_and_accumulated_batches(data_dir, devices, accumulated, per_device):
     dm = CifarDataModule(
         data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=32
     )
-    dm.trainer = two_devices
+    dm.trainer = fake_trainer(world_size=devices, global_rank=devices - 1, accumulate_grad_batches=accumulated)
     dm.prepare_data()
     dm.setup("fit")
-    assert dm.device_batch_size == 16 and dm.batch_size == 512  # derived per device; the setting stays as given
-    assert dm.val_dataloader().batch_size == 16  # evaluation follows the global batch, not the default 512
+    assert dm.batches.per_device == per_device and dm.batches.per_step == 32  # the setting is per optimizer step
+    assert dm.train_dataloader().batch_size == per_device
+    assert dm.val_dataloader().batch_size == per_device  # evaluation follows the training batch, not the default 512
+
+
+def test_a_global_batch_that_does_not_divide_is_refused(data_dir):
     odd = CifarDataModule(
-        data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=33
+        data_dir=str(data_dir), verify_checksum=False, num_workers=0, val_size=32, global_batch_size=36
     )
-    odd.trainer = two_devices
-    with pytest.raises(DataError, match=r"data\.global_batch_size=33 does not divide over 2 devices"):
+    odd.trainer = fake_trainer(world_size=2, global_rank=1, accumulate_grad_batches=4)
+    odd.prepare_data()
+    with pytest.raises(DataError, match=r"data\.global_batch_size=36 does not divide over 2 devices x 4 accumulated"):
         odd.setup("fit")
+
+
+def test_batch_size_is_out_of_the_runs_identity_when_global_batch_size_replaces_it():
+    base = {"data": {"batch_size": 512, "global_batch_size": 64}, "model": {}}
+    other = {"data": {"batch_size": 16, "global_batch_size": 64}, "model": {}}
+    assert canonical_config(base) == canonical_config(other)
+    per_device = {"data": {"batch_size": 16, "global_batch_size": None}, "model": {}}
+    assert canonical_config(per_device) != canonical_config({"data": {"batch_size": 32, "global_batch_size": None}})
 
 
 def test_distributed_evaluation_shards_are_disjoint_and_unpadded(data_dir):

@@ -227,6 +227,20 @@ def test_a_stopped_two_process_run_resumes_to_exactly_the_uninterrupted_result(t
     )
 
 
+def test_an_accumulating_run_stops_after_the_step_and_resumes_exactly(tmp_path, reference):
+    args = fit_args("data", *SMALL_RUN, "--data.num_workers=0", "--trainer.accumulate_grad_batches=2")
+    # 20 batches of 8 per epoch, 2 per optimizer step: 10 steps per epoch. SIGTERM after batch 6 of
+    # epoch 1 (its 7th) lands inside a step: the stop waits for batch 7, so last.ckpt is at step 10 + 4.
+    write_tiny_archive(tmp_path / "data")
+    signalled = {"KILL_AT": "train_batch:1:6", "KILL_SIGNAL": "SIGTERM"}
+    stopped = run_cli(*args, cwd=tmp_path, check=False, env=signalled)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 10 + 4
+    run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
+    assert_same_run(reference(args), tmp_path, cut_epoch_ends=(2 * 10 - 1,))
+
+
 def slurm_job(submit_dir: Path, bin_dir: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
     """``scripts/slurm.sbatch ARGS`` run as SLURM runs it, with ``srun`` and ``scontrol`` stand-ins first on PATH."""
     job_env = {

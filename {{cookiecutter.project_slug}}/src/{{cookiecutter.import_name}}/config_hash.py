@@ -35,6 +35,10 @@ EXCLUDED_KEYS: tuple[str, ...] = (
     "data.pin_memory",  # how batches are copied, not what they hold
     "data.storage",  # where the same batches are gathered (memory map or device); they are identical
 )
+# Keys left out when another key, set, replaces them (what is left is what the run computes with).
+REPLACED_BY: dict[str, str] = {
+    "data.batch_size": "data.global_batch_size",  # the per-device batch then follows from the global one
+}
 
 
 def _drop(node: Any, parts: list[str]) -> None:
@@ -53,9 +57,20 @@ def _drop(node: Any, parts: list[str]) -> None:
             _drop(child, rest)
 
 
+def _value(node: Any, parts: list[str]) -> Any:
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def canonical_config(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_KEYS) -> str:
     """The config as sorted, compact JSON with the excluded keys removed."""
     pruned = json.loads(json.dumps(config))
+    for key, replacement in REPLACED_BY.items():
+        if _value(pruned, replacement.split(".")) is not None:
+            _drop(pruned, key.split("."))
     for key in excluded:
         _drop(pruned, key.split("."))
     return json.dumps(pruned, sort_keys=True, separators=(",", ":"), default=str)

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
-from .data.interfaces import ValidationSplit
+from .data.interfaces import BatchPlan, ValidationSplit
 from .runs import Run
 
 
@@ -62,6 +62,8 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
             f"Time: {_duration(seconds)} for {session.steps_taken} steps this session "
             f"({session.images / seconds:,.0f} images/s)"
         )
+    if isinstance(trainer.datamodule, BatchPlan) and trainer.datamodule.batches is not None:
+        lines.append(f"Batch: {trainer.datamodule.batches.describe()}")
     if isinstance(trainer.datamodule, ValidationSplit) and trainer.datamodule.validates_on_test_set:
         lines.append(
             "Note: data.val_size is 0, so val/* was measured on the test set and the best checkpoint was chosen "

@@ -9,6 +9,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.tensorboard.summary import hparams
 from typing_extensions import override
 
+from ..data.interfaces import BatchPlan
 from ..model_cost import model_cost
 from .tensorboard import tensorboard_writers
 
@@ -56,6 +57,9 @@ class ModelReport(L.Callback):
             **flat_settings("model", dict(pl_module.hparams)),
             **flat_settings("data", dict(getattr(trainer.datamodule, "hparams", {}))),
         }
+        data = trainer.datamodule
+        if isinstance(data, BatchPlan) and data.batches is not None:  # what the settings come to on these devices
+            settings["data/images_per_step"] = data.batches.per_step
         for writer in tensorboard_writers(trainer, self, "the model's cost"):
             writer.add_text("model/cost", cost.describe(), trainer.global_step)
             # Written as Lightning's TensorBoardLogger writes hparams, without logging metric values.

@@ -15,7 +15,8 @@ same batch, where ``checkpoints/last.ckpt`` is written
 (``save_on_exception``) and from which ``--ckpt_path last`` resumes exactly. For the warning
 signal, rank 0 then requeues a SLURM job (``scontrol requeue``, called by the CLI once the
 checkpoint is on disk). The process exits with 128 + the signal's number. A second Ctrl-C
-interrupts at once, as Ctrl-C usually does.
+interrupts at once, as Ctrl-C usually does. With gradient accumulation the stop waits for the
+batch that ends the optimizer step: a checkpoint never holds half an accumulated step.
 """
 
 from __future__ import annotations
@@ -93,11 +94,14 @@ class StopOnSignal(L.Callback):
         os.write(sys.stderr.fileno(), message.encode())
         reason = {self.requeue_signal: REQUEUE, signal.SIGINT: INTERRUPT}.get(signum, TERMINATE)
         self.received = max(self.received, reason)
-        if self._trainer is not None and self._trainer.world_size == 1:  # no one to agree with: this batch
-            self._stop(self._trainer, self.received)
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size == 1 and trainer.accumulate_grad_batches == 1:
+            self._stop(trainer, self.received)  # no one to agree with, no step half accumulated: this batch
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if not _ends_an_optimizer_step(trainer, batch_idx):
+            return  # a stop here would lose the gradients accumulated so far: stop after the step's last batch
         agreed = self.received
         if trainer.world_size > 1:
             decision = torch.tensor(self.received, device=trainer.strategy.root_device)
@@ -141,3 +145,9 @@ class StopOnSignal(L.Callback):
         if result.returncode != 0:
             return f"Not requeued: scontrol requeue {self.slurm_job}: {result.stderr.strip()}; resubmit the job"
         return f"Requeued SLURM job {self.slurm_job}: the same command resumes it from checkpoints/last.ckpt"
+
+
+def _ends_an_optimizer_step(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether the optimizer stepped after this batch (always, without gradient accumulation)."""
+    accumulated = trainer.accumulate_grad_batches
+    return accumulated == 1 or (batch_idx + 1) % accumulated == 0 or batch_idx + 1 == trainer.num_training_batches

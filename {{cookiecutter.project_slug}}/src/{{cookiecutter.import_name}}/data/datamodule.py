@@ -17,6 +17,7 @@ from typing_extensions import override
 from ..errors import check_choice
 from .archive import Cache, DataError, DataSettingError, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
+from .batches import BatchSizes
 from .cifar_format import FORMATS
 from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, keep_batch
 from .image_folder import load_image_folder
@@ -56,11 +57,12 @@ class CifarDataModule(L.LightningDataModule):
         Args:
             dataset: Which archive to use; its official file name is looked for in ``data_dir``.
             data_dir: Folder holding the archive (downloaded there if absent) and its converted cache.
-            batch_size: Training images per batch and per device (the global batch is this times the world size).
-            global_batch_size: Training images per optimizer step over all devices; if set, it replaces
-                batch_size, which becomes this divided by the number of devices (it must divide evenly).
+            batch_size: Training images per batch and per device (an optimizer step takes this x devices x
+                trainer.accumulate_grad_batches); ignored when global_batch_size is set.
+            global_batch_size: Training images per optimizer step over all devices and accumulated batches;
+                replaces batch_size (per device: this / devices / accumulate_grad_batches, which must divide).
             eval_batch_size: Images per validation/test/predict batch and device; defaults to the training
-                batch per device (``global_batch_size`` divided by the devices, when that is set).
+                batch per device.
             num_workers: DataLoader worker processes gathering batches from the memory map.
             val_size: Training images held out for validation; 0 validates on the test set instead.
             split_seed: Seed of the fixed train/validation split (independent of the run's seed).
@@ -99,9 +101,7 @@ class CifarDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size
-        # Per device, derived in setup() from the settings above and the world size (the settings stay as given).
-        self.device_batch_size = batch_size
-        self.device_eval_batch_size = eval_batch_size or batch_size
+        self.batches: BatchSizes | None = None  # derived in setup(), once the devices and the accumulation are known
         self.num_workers = num_workers
         self.val_size = val_size
         self.split_seed = split_seed
@@ -163,11 +163,11 @@ class CifarDataModule(L.LightningDataModule):
         self.val_set = MemmapBatches(train.images, train.labels, held_out) if self.val_size else self.test_set
         self.predict_set = self.test_set
         self.predict_names = [str(index) for index in range(len(self.test_set))]
-        world_size = self._derive_batch_sizes()
-        if stage == "fit" and len(self.train_set) < self.device_batch_size * world_size:
+        batches = self._derive_batch_sizes()
+        if stage == "fit" and len(self.train_set) < batches.per_device * batches.devices:
             knob = "data.global_batch_size" if self.global_batch_size is not None else "data.batch_size"
             raise DataSettingError(
-                f"a batch of {self.device_batch_size} per device x {world_size} devices is more than the "
+                f"a batch of {batches.per_device} per device x {batches.devices} devices is more than the "
                 f"{len(self.train_set)} training images; lower {knob}"
             )
         rank = self.trainer.global_rank if self.trainer is not None else 0
@@ -175,20 +175,17 @@ class CifarDataModule(L.LightningDataModule):
         self.augment.seed(self.seed + rank, image_seed=self.seed)
         self._place_splits()
 
-    def _derive_batch_sizes(self) -> int:
-        """Set the per-device training and evaluation batches for this world size (returned)."""
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        if self.global_batch_size is not None:
-            if self.global_batch_size % world_size:
-                raise DataSettingError(
-                    f"data.global_batch_size={self.global_batch_size} does not divide over {world_size} devices; "
-                    f"use a multiple of {world_size}, or set data.batch_size per device instead"
-                )
-            self.device_batch_size = self.global_batch_size // world_size
-        else:
-            self.device_batch_size = self.batch_size
-        self.device_eval_batch_size = self.eval_batch_size or self.device_batch_size
-        return world_size
+    def _derive_batch_sizes(self) -> BatchSizes:
+        """The batch sizes for this trainer's devices and gradient accumulation (``data/batches.py``)."""
+        trainer = self.trainer
+        self.batches = BatchSizes.derive(
+            self.batch_size,
+            self.global_batch_size,
+            self.eval_batch_size,
+            devices=trainer.world_size if trainer is not None else 1,
+            accumulated=trainer.accumulate_grad_batches if trainer is not None else 1,
+        )
+        return self.batches
 
     def _place_splits(self) -> None:
         """Copy the splits to the accelerator when ``storage`` says so (once: setup runs per stage)."""
@@ -231,6 +228,11 @@ class CifarDataModule(L.LightningDataModule):
         if self.cache is None:
             raise DataError("train_images() needs setup() to have run")
         return self.train_set.__getitems__(range(min(count, len(self.train_set))))[0]
+
+    def _sizes(self) -> BatchSizes:
+        if self.batches is None:
+            raise DataError("the loaders need setup() to have run")
+        return self.batches
 
     def _loader(self, split: str, batch_size: int, train: bool) -> DataLoader:
         memmapped = self._splits()[split]
@@ -286,19 +288,19 @@ class CifarDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.device_batch_size, train=True)
+        return self._loader("train", self._sizes().per_device, train=True)
 
     @override
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", self.device_eval_batch_size, train=False)
+        return self._loader("val", self._sizes().eval_per_device, train=False)
 
     @override
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.device_eval_batch_size, train=False)
+        return self._loader("test", self._sizes().eval_per_device, train=False)
 
     @override
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict", self.device_eval_batch_size, train=False)
+        return self._loader("predict", self._sizes().eval_per_device, train=False)
 
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -6,6 +6,8 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from .batches import BatchSizes
+
 
 @runtime_checkable
 class TrainingImages(Protocol):
@@ -33,3 +35,10 @@ class PredictionNames(Protocol):
     def predict_name(self, index: int) -> str:
         """What the ``index``-th predicted image is: a file's path inside the folder, or a test-set index."""
         ...
+
+
+@runtime_checkable
+class BatchPlan(Protocol):
+    """A DataModule that says what one optimizer step takes (the fit summary and the HPARAMS tab show it)."""
+
+    batches: BatchSizes | None  # after setup()
