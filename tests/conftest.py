@@ -46,8 +46,8 @@ def run_cookiecutter_cli(*args: str, cwd: Path, config: Path) -> subprocess.Comp
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def template_as_git_repo(destination: Path) -> str:
-    """A bare git repository of the template's current files, standing in for ``gh:owner/repo``."""
+def copy_template(work: Path) -> Path:
+    """The template's current files (tracked, or new and not ignored) copied to ``work``, as a clone would have them."""
     files = (
         subprocess.run(
             ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
@@ -58,11 +58,16 @@ def template_as_git_repo(destination: Path) -> str:
         .stdout.decode()
         .split("\0")
     )
-    work = destination / "work"
     for name in filter(None, files):
         if (TEMPLATE / name).is_file():
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(TEMPLATE / name, work / name)
+    return work
+
+
+def template_as_git_repo(destination: Path) -> str:
+    """A bare git repository of the template's current files, standing in for ``gh:owner/repo``."""
+    work = copy_template(destination / "work")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
     subprocess.run([*git, "init", "-q"], cwd=work, check=True)
     subprocess.run([*git, "add", "-A"], cwd=work, check=True)

@@ -89,6 +89,7 @@ def ddp_run(tmp_path_factory):
     return root, result
 
 
+@pytest.mark.every_render
 def test_two_processes_train_on_disjoint_shards_to_identical_weights(ddp_run):
     root, result = ddp_run
     assert "distributed_backend=gloo" in result.stderr + result.stdout

@@ -196,7 +196,12 @@ SETTINGS = {
     "device-storage": ["--data.storage=device"],
 }
 CELLS = [
-    pytest.param(setting, moment, id=f"{setting}-{moment}")
+    pytest.param(
+        setting,
+        moment,
+        id=f"{setting}-{moment}",
+        marks=[pytest.mark.every_render] if (setting, moment) == ("default-workers", "sigterm-mid-epoch") else [],
+    )
     for setting in SETTINGS
     for moment in MOMENTS
     # the default loader gets every moment (SIGUSR1 in the SLURM job below); the others the two that

@@ -110,6 +110,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.every_render
 @pytest.mark.parametrize(("extra", "code", "named"), [case[1:] for case in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
 def test_a_mistake_gets_one_line_and_changes_nothing_on_disk(finished, extra, code, named):
     root, _ = finished
