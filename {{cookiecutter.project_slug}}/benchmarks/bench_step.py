@@ -8,6 +8,11 @@ TensorBoard logger. Measured interleaved (A, B, A, B) so machine noise hits both
 is one JSON object with the figures.
 
     python benchmarks/bench_step.py [--config configs/cifar10_fast.yaml] [--device cpu|cuda] [--quick]
+    python benchmarks/bench_step.py --overhead [--device cpu|cuda]   # Lightning's own work per step, in ms
+
+``--overhead`` runs the fast recipe on a network so small (AirBench at width 4, batch 64) that its
+arithmetic costs little, so the difference between the two loops is what Lightning, the recipe's
+callbacks and the logger add to every step: it is reported in milliseconds per step.
 
 The network and callbacks are built by the project's CLI from the config stacked on the default
 one, exactly as ``main.py fit`` would; the optimizer is replaced by a plain SGD at a constant
@@ -38,6 +43,7 @@ from {{ cookiecutter.import_name }}.models.backbones import PatchWhitening
 
 WHITENING_IMAGES = 500
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"
+FAST_RECIPE = DEFAULT_CONFIG.parent / "cifar10_fast.yaml"
 PLAIN_SGD = {
     "class_path": "torch.optim.SGD",
     "init_args": {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.0, "dampening": 0.0},
@@ -174,9 +180,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a tiny network and few steps (smoke test)")
+    parser.add_argument("--overhead", action="store_true", help="the fast recipe at width 4, batch 64: ms per step")
     args = parser.parse_args()
+    if args.overhead:
+        args.config = FAST_RECIPE
+        args.width, args.batch_size, args.warmup, args.steps, args.rounds = 4, 64, 20, 200, 3
     if args.quick:
-        args.width, args.batch_size, args.warmup, args.steps, args.rounds = 8, 32, 1, 3, 1
+        args.width, args.batch_size, args.warmup, args.steps, args.rounds = args.width or 8, 32, 1, 3, 1
     recipe = Recipe(args)
     if args.precision is None:
         args.precision = recipe.precision if args.device.startswith("cuda") else "32-true"
@@ -191,10 +201,13 @@ def main() -> None:
         plain.append(plain_rate(args, recipe, images, labels, args.steps))
     result = {"lightning_images_per_s": statistics.median(lightning), "plain_images_per_s": statistics.median(plain)}
     result["lightning_vs_plain"] = result["lightning_images_per_s"] / result["plain_images_per_s"]
-    print(f"{'loop':<24}{'images/s':>12}")
-    print(f"{'Lightning (callbacks)':<24}{result['lightning_images_per_s']:>12,.0f}")
-    print(f"{'hand-written':<24}{result['plain_images_per_s']:>12,.0f}")
-    print(f"{'ratio':<24}{result['lightning_vs_plain']:>12.3f}")
+    for side in ("lightning", "plain"):
+        result[f"{side}_ms_per_step"] = 1e3 * args.batch_size / result[f"{side}_images_per_s"]
+    result["overhead_ms_per_step"] = result["lightning_ms_per_step"] - result["plain_ms_per_step"]
+    print(f"{'loop':<24}{'images/s':>12}{'ms/step':>10}")
+    for label, side in (("Lightning (callbacks)", "lightning"), ("hand-written", "plain")):
+        print(f"{label:<24}{result[f'{side}_images_per_s']:>12,.0f}{result[f'{side}_ms_per_step']:>10.3f}")
+    print(f"{'ratio / extra per step':<24}{result['lightning_vs_plain']:>12.3f}{result['overhead_ms_per_step']:>10.3f}")
     setup = {key: str(getattr(args, key)) for key in ("config", "device", "batch_size", "precision", "steps")}
     print(json.dumps({**setup, **result}))
 

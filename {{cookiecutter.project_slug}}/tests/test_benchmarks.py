@@ -13,7 +13,7 @@ from .conftest import PROJECT_ROOT, cli_env, write_tiny_archive
 pytestmark = pytest.mark.slow
 
 
-STEP_FIGURES = {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_plain"}
+STEP_FIGURES = {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_plain", "lightning_ms_per_step"}
 
 
 @pytest.mark.parametrize(
@@ -33,8 +33,9 @@ STEP_FIGURES = {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_pl
         ),
         ("bench_step.py", [], STEP_FIGURES),
         ("bench_step.py", ["--config", str(PROJECT_ROOT / "configs" / "cifar10_fast.yaml")], STEP_FIGURES),
+        ("bench_step.py", ["--overhead"], STEP_FIGURES),
     ],
-    ids=["data", "step", "step-fast-recipe"],
+    ids=["data", "step", "step-fast-recipe", "step-overhead"],
 )
 def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, options, keys):
     result = subprocess.run(
@@ -49,6 +50,8 @@ def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, options, 
     *table, last = result.stdout.strip().splitlines()
     figures = json.loads(last)
     assert keys <= figures.keys() and all(figures[key] > 0 for key in keys)
+    if script == "bench_step.py":  # the difference of the two loops' ms per step (noise may make it negative)
+        assert figures["overhead_ms_per_step"] == figures["lightning_ms_per_step"] - figures["plain_ms_per_step"]
     assert any("images/s" in line for line in table)
 
 
