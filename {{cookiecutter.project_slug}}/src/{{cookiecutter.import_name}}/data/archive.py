@@ -94,6 +94,7 @@ def ensure_archive(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_c
             md5 = calculate_md5(str(partial))
             if verify_checksum and md5 != fmt.md5:
                 raise DataError(f"the download of {fmt.url} has MD5 {md5}, expected {fmt.md5}; run again to retry")
+        return path, md5  # checked above: no second pass over the file
     md5 = calculate_md5(str(path))
     if verify_checksum and md5 != fmt.md5:
         raise DataError(
