@@ -50,13 +50,15 @@ class KillAt(L.Callback):
     ``train_batch:E:B`` after training batch B of epoch E; ``validation:E`` after the first
     validation batch of epoch E; ``after_checkpoint:E`` at the end of epoch E, after its
     checkpoints are written; ``sanity`` during the sanity-check validation. ``KILL_RANK``, if
-    set, names the only rank that is signalled.
+    set, names the only rank that is signalled. ``KILL_GROUP=1`` signals the whole process group
+    (loader workers too), as a terminal's Ctrl-C or a scheduler's signal to a job does.
     """
 
     def __init__(self) -> None:
         self.moment = os.environ.get("KILL_AT", "")
         self.signal = signal.Signals[os.environ.get("KILL_SIGNAL", "SIGKILL")]
         self.rank = os.environ.get("KILL_RANK")
+        self.group = os.environ.get("KILL_GROUP") == "1"
 
     def setup(self, trainer, pl_module, stage) -> None:
         if self.rank is not None and int(self.rank) != trainer.global_rank:
@@ -64,7 +66,10 @@ class KillAt(L.Callback):
 
     def _kill_if(self, moment: str) -> None:
         if moment == self.moment:
-            os.kill(os.getpid(), self.signal)
+            if self.group:
+                os.killpg(os.getpgid(0), self.signal)
+            else:
+                os.kill(os.getpid(), self.signal)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._kill_if(f"train_batch:{trainer.current_epoch}:{batch_idx}")

@@ -220,6 +220,16 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, refe
     reference_and_resumed(tmp_path, reference, args, MOMENTS[moment], cut_epoch_ends=cut)
 
 
+def test_ctrl_c_at_a_terminal_on_an_epochs_last_batch_stops_cleanly_and_resumes(tmp_path):
+    # A terminal's Ctrl-C reaches the loader workers too; after an epoch's last batch the validation still
+    # runs before the stop, on workers that must have survived the signal (exit 130, no traceback).
+    args = fit_args("data", *SMALL_RUN, "--data.num_workers=2")
+    write_tiny_archive(tmp_path / "data")
+    kill_and_resume(args, tmp_path, ["train_batch:1:19@SIGINT"], env={"KILL_GROUP": "1"})
+    (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 3 * 20
+
+
 def test_a_stopped_two_process_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference):
     ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--trainer.accelerator=cpu"]
     args = fit_args("data", *SMALL_RUN, *ddp, "--trainer.devices=2", "--data.num_workers=2")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,17 @@ from .loader import FirstBatchStartLoader, TrainerEpochSampler
 Storage = Literal["auto", "device", "memmap"]
 # "auto" keeps the data on a GPU when it takes at most this share of the GPU's free memory.
 RESIDENT_SHARE_OF_FREE_MEMORY = 0.25
+
+
+def leave_signals_to_the_main_process(worker_id: int) -> None:
+    """A loader worker ignores Ctrl-C and SIGUSR1/2, which a terminal or a scheduler sends to every process.
+
+    The main process stops at a batch boundary (``StopOnSignal``) and ends its workers itself; a
+    worker killed by the signal would fail the validation that may still run before the stop.
+    SIGTERM keeps its default: it is how the loader (and multiprocessing at exit) ends a worker.
+    """
+    for number in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(number, signal.SIG_IGN)
 
 
 class CifarDataModule(L.LightningDataModule):
@@ -122,7 +134,7 @@ class CifarDataModule(L.LightningDataModule):
         self.resident: dict[str, ResidentBatches] = {}
         self.seed = 0
         self.predict_set: MemmapBatches | TensorBatches | None = None
-        self.predict_names: list[str] = []  # what each predicted image is: a test-set index, or a file
+        self.predict_names: list[str] = []  # the files of predict_dir; test-set images go by their index
 
     def _predicting_own_images(self) -> bool:
         return self.predict_dir is not None and self.trainer is not None and self.trainer.predicting
@@ -162,7 +174,7 @@ class CifarDataModule(L.LightningDataModule):
         self.test_set = MemmapBatches(test.images, test.labels)
         self.val_set = MemmapBatches(train.images, train.labels, held_out) if self.val_size else self.test_set
         self.predict_set = self.test_set
-        self.predict_names = [str(index) for index in range(len(self.test_set))]
+        self.predict_names = []  # test-set images are named by their index (predict_name)
         batches = self._derive_batch_sizes()
         if stage == "fit" and len(self.train_set) < batches.per_device * batches.devices:
             knob = "data.global_batch_size" if self.global_batch_size is not None else "data.batch_size"
@@ -272,6 +284,7 @@ class CifarDataModule(L.LightningDataModule):
             collate_fn=keep_batch,
             pin_memory=self.pin_memory and not self.resident and torch.cuda.is_available(),
             persistent_workers=workers > 0,
+            worker_init_fn=leave_signals_to_the_main_process if workers > 0 else None,
             batches_done=self._batches_done if train else lambda: 0,
         )
 
