@@ -53,6 +53,8 @@ COMMON_FILES = {
     "benchmarks/bench_data.py",
     "benchmarks/bench_infer.py",
     "benchmarks/bench_step.py",
+    "benchmarks/bench_recipe.py",
+    "benchmarks/gpu_figures.sh",
     "tests/test_benchmarks.py",
     "tests/probes.py",
     "tests/test_ddp.py",
@@ -136,6 +138,7 @@ PACKAGE_FILES = {
     "models/classifier.py",
     "models/schedules.py",
     "models/test_time.py",
+    "models/training_totals.py",
 }
 
 # Every non-default value of every choice, alone and together (all combinations are valid).

@@ -71,3 +71,73 @@ def test_inference_benchmark_measures_every_runtime_at_both_batch_sizes(tmp_path
             assert 0 < figures[f"{runtime}_b{batch}_p50_ms"] <= figures[f"{runtime}_b{batch}_p99_ms"]
     assert figures["eager_vs_eager_b1"] == 1.0 and isinstance(figures["vnni"], bool)
     assert any("onnx_int8" in line for line in table)
+
+
+# Shaped like airbench94.py where bench_recipe.py touches it: it reads cifar10/train.pt and test.pt,
+# hard-codes .cuda(), .half(), torch.cuda.Event and torch.cuda.synchronize, keeps its settings in
+# `hyp`, reports through print_training_details and returns the TTA accuracy from main(run). It
+# classifies by the nearest class mean, so it runs in a moment; the real file is the user's.
+AIRBENCH_SHAPED = """
+import os
+import torch
+
+hyp = {"opt": {"batch_size": 1024, "train_epochs": 9.9}, "net": {"widths": {"block1": 64}}}
+
+def print_training_details(variables, is_final_entry):
+    print(variables.get("epoch"), variables.get("total_time_seconds"))
+
+def load(name):
+    data = torch.load(os.path.join("cifar10", name), map_location=torch.device(gpu))
+    images, labels = data["images"], data["labels"]
+    assert images.dtype == torch.uint8 and images.shape[1:] == (32, 32, 3), images.shape  # NHWC, as airbench's
+    return (images.half() / 255).permute(0, 3, 1, 2).flatten(1).float(), labels
+
+gpu = 0
+
+def main(run):
+    starter, ender = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    starter.record()
+    (train_x, train_y), (test_x, test_y) = load("train.pt"), load("test.pt")
+    means = torch.stack([train_x[train_y == k].mean(0) for k in range(10)]).cuda()
+    tta_val_acc = (torch.cdist(test_x, means).argmin(1) == test_y).float().mean().item()
+    ender.record()
+    torch.cuda.synchronize()
+    total_time_seconds = 1e-3 * starter.elapsed_time(ender)
+    epoch = "eval"
+    print_training_details(locals(), is_final_entry=True)
+    return tta_val_acc
+"""
+
+
+@pytest.mark.parametrize("per_epoch_validation", [False, True], ids=["final-validation-only", "per-epoch-validation"])
+def test_recipe_benchmark_times_the_recipe_beside_an_airbench_shaped_reference(tmp_path, per_epoch_validation):
+    write_tiny_archive(tmp_path / "data")
+    (tmp_path / "airbench94.py").write_text(AIRBENCH_SHAPED)
+    options = ["--per_epoch_validation"] if per_epoch_validation else ["--reference", "airbench94.py"]
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "benchmarks" / "bench_recipe.py"), "--quick", "--device", "cpu",
+         "--seeds", "2", "--data_dir", "data", "--data.verify_checksum=false", *options],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["seeds"] == 2 and 0 <= figures["project_top1"] <= 1 and figures["project_s"] > 0
+    assert 0 < figures["project_final_eval_s"] < figures["project_s"]
+    if per_epoch_validation:  # epoch 0's validation is timed on its own, not counted
+        assert figures["project_per_epoch_eval_s"] > 0 and "airbench94_s" not in figures
+        return
+    assert figures["project_per_epoch_eval_s"] == 0  # only the final weights were validated
+    assert "map_location=torch.device(gpu) -> map_location='cpu'" in result.stdout  # the CPU adaptation is named
+    assert "torch.cuda.Event(enable_timing=True) -> _HostEvent()" in result.stdout
+    assert 0 <= figures["airbench94_top1"] <= 1 and figures["airbench94_s"] > 0
+    assert figures["time_vs_airbench94"] == figures["project_s"] / figures["airbench94_s"]
+    assert figures["top1_minus_airbench94"] == figures["project_top1"] - figures["airbench94_top1"]
+
+
+def test_recipe_benchmark_refuses_a_missing_reference_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "benchmarks" / "bench_recipe.py"), "--quick", "--reference", "nope.py"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stderr.startswith("error: --reference nope.py: no such file")
+    assert len(result.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())

@@ -214,14 +214,14 @@ def test_watchdog_stops_a_diverged_fp32_run(data_dir, tmp_path):
 def test_lookahead_pulls_weights_to_the_slow_copy_on_its_schedule():
     net = torch.nn.Linear(3, 2)
     lookahead = Lookahead(every_n_steps=5, decay=0.9, power=2.0)
-    lookahead.on_train_start(None, net)
+    fit = SimpleNamespace(estimated_stepping_batches=20)  # the steps of the fit, read at its start
+    lookahead.on_train_start(fit, net)
     start = net.weight.detach().clone()
 
-    def step_to(step, total=20):
+    def step_to(step):
         with torch.no_grad():
             net.weight.add_(1.0)
-        trainer = SimpleNamespace(global_step=step, estimated_stepping_batches=total)
-        lookahead.on_train_batch_end(trainer, net, None, None, 0)
+        lookahead.on_train_batch_end(SimpleNamespace(global_step=step), net, None, None, 0)
 
     step_to(4)  # not a multiple of 5: untouched
     assert torch.allclose(net.weight, start + 1)
@@ -235,5 +235,5 @@ def test_lookahead_pulls_weights_to_the_slow_copy_on_its_schedule():
     assert torch.allclose(net.weight, slow + (1 - decay) * (slow + 1 - slow))
     restored = Lookahead()
     restored.load_state_dict(lookahead.state_dict())
-    restored.on_train_start(None, net)
+    restored.on_train_start(fit, net)
     assert torch.equal(restored.slow["weight"], lookahead.slow["weight"])

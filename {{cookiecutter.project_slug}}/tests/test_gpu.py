@@ -1,14 +1,17 @@
 """What only a CUDA device can show: ``python -m pytest -m gpu`` on a machine with one (skipped elsewhere).
 
 The training step must not synchronise with the host (``torch.cuda.set_sync_debug_mode("error")``
-turns any sync into an exception), ``data.storage: auto`` must keep the data on the GPU,
-``trainer.deterministic`` must make reruns bit-identical, and ``trainer.sync_batchnorm`` must
-convert and train; each with the default config and the fast recipe as a user runs them
-(bf16, ``compile``).
+turns any sync into an exception; ``torch.cuda.synchronize`` runs only at logging steps),
+``data.storage: auto`` must keep the data on the GPU, ``trainer.deterministic`` must make reruns
+bit-identical, and ``trainer.sync_batchnorm`` must convert and train; each with the default config
+and the fast recipe as a user runs them (bf16, ``compile``); and ``benchmarks/bench_recipe.py
+--quick`` runs on the GPU.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 
 import lightning as L
@@ -19,7 +22,7 @@ from {{ cookiecutter.import_name }}.callbacks import GradientHistograms, GradSca
 from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 
-from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, write_tiny_archive
+from .conftest import FAST_ARGS, PROJECT_ROOT, cli_env, default_config, write_tiny_archive
 
 pytestmark = [
     pytest.mark.gpu,
@@ -72,6 +75,30 @@ def test_training_steps_never_sync_with_the_host_on_cuda(tmp_path, monkeypatch, 
     extra = ["--trainer.max_steps=6", "--trainer.log_every_n_steps=1000", f"--model.compile={str(compiled).lower()}"]
     cli = fit_in_process(CONFIGS[config], tmp_path, monkeypatch, *extra, callbacks=[guard])
     assert guard.steps == 6 and cli.trainer.global_step == 6
+
+
+def test_the_host_waits_for_the_gpu_only_at_logging_steps(tmp_path, monkeypatch):
+    # Lightning's ThroughputMonitor calls torch.cuda.synchronize after every batch; ImageThroughput
+    # only at the steps the logger writes (and the benchmark clock not at all here).
+    write_tiny_archive(tmp_path / "data", CIFAR10)
+    waits = []
+    synchronize = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: waits.append(1) or synchronize(*args))
+    extra = ["--trainer.max_steps=12", "--trainer.log_every_n_steps=4", "--trainer.check_val_every_n_epoch=1000"]
+    cli = fit_in_process(CONFIGS["fast"], tmp_path, monkeypatch, *extra)
+    assert cli.trainer.global_step == 12 and len(waits) <= 12 // 4
+
+
+def test_the_recipe_benchmark_runs_on_cuda(tmp_path):
+    write_tiny_archive(tmp_path / "data", CIFAR10)
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "benchmarks" / "bench_recipe.py"), "--quick", "--device", "cuda",
+         "--seeds", "2", "--data_dir", "data", "--data.verify_checksum=false"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert 0 <= figures["project_top1"] <= 1 and 0 < figures["project_final_eval_s"] < figures["project_s"]
 
 
 def test_storage_auto_keeps_the_data_on_the_gpu(tmp_path, monkeypatch):

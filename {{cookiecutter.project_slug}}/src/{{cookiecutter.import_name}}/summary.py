@@ -45,9 +45,9 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
             latest = callback.last_model_path or callback.best_model_path  # without a monitor: the latest save
             lines.append(f"Last checkpoint: {latest} (step {trainer.global_step})")
     metrics = {
-        name: float(value)
+        name.removesuffix("_epoch"): float(value)
         for name, value in sorted(trainer.callback_metrics.items())
-        if name.startswith(("train/", "val/")) and not name.endswith(("_step", "_epoch")) and value.numel() == 1
+        if name.startswith(("train/", "val/")) and not name.endswith("_step") and value.numel() == 1
     }
     if metrics:
         lines.append("Final metrics: " + "  ".join(f"{name} {_number(value)}" for name, value in metrics.items()))

@@ -105,10 +105,12 @@ class GradScaleWatchdog(L.Callback):
                 return
             scale = self._scale_tensor(scaler)
             skipped = skipped | (scale < self._scale_before)
-            pl_module.log("amp/scale", scale.float(), on_step=True, on_epoch=False)
         self._scale_before = None
         self._count(skipped.to(torch.int64))
-        if scaler is not None:  # without a scaler the count is flat zero until the run stops: not worth a chart
+        # Charts only with a scaler (without one the count is flat zero until the run stops), and only at
+        # the logger's steps: a self.log at every step costs more than a small network's step.
+        if scaler is not None and trainer._logger_connector.should_update_logs:
+            pl_module.log("amp/scale", scale.float(), on_step=True, on_epoch=False)
             total = self._unread["skipped"] + self.skipped_steps
             pl_module.log("amp/skipped_steps", total.float(), on_step=True, on_epoch=False)
         if self._unread_steps >= self.check_every_n_steps:

@@ -33,6 +33,8 @@ class Lookahead(L.Callback):
         self.decay = decay
         self.power = power
         self.slow: dict[str, Tensor] | None = None
+        self._total_steps = 1
+        self._pairs: tuple[list[Tensor], list[Tensor]] = ([], [])
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -41,23 +43,26 @@ class Lookahead(L.Callback):
             self.slow = {name: tensor.detach().clone() for name, tensor in weights.items()}
         else:  # restored from a checkpoint, on the CPU
             self.slow = {name: self.slow[name].to(tensor.device) for name, tensor in weights.items()}
+        # Looked up once: the steps of this fit, and the tensors both sides of a pull (same order).
+        self._total_steps = trainer.estimated_stepping_batches
+        self._pairs = ([self.slow[name] for name in weights], list(weights.values()))
 
     @override
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step, total = trainer.global_step, trainer.estimated_stepping_batches
+        step, total = trainer.global_step, self._total_steps
         if step % self.every_n_steps == 0:
-            self.pull(pl_module, self.decay**self.every_n_steps * min(step / total, 1.0) ** self.power)
+            self.pull(self.decay**self.every_n_steps * min(step / total, 1.0) ** self.power)
         if step >= total:
-            self.pull(pl_module, 1.0)  # the weights become the slow copy
+            self.pull(1.0)  # the weights become the slow copy
 
     @torch.no_grad()
-    def pull(self, module: nn.Module, decay: float) -> None:
-        """Slow copy <- lerp(slow copy, weights, 1 - decay); weights <- slow copy."""
-        for name, tensor in self._averaged(module).items():
-            self.slow[name].lerp_(tensor, 1.0 - decay)
-            tensor.copy_(self.slow[name])
+    def pull(self, decay: float) -> None:
+        """Slow copy <- lerp(slow copy, weights, 1 - decay); weights <- slow copy (two fused kernels per dtype)."""
+        slow, weights = self._pairs
+        torch._foreach_lerp_(slow, weights, 1.0 - decay)
+        torch._foreach_copy_(weights, slow)
 
     @staticmethod
     def _averaged(module: nn.Module) -> dict[str, Tensor]:

@@ -1,4 +1,7 @@
-"""The LightningModule: uint8 images in, logits out, one metric collection per stage."""
+"""The LightningModule: uint8 images in, logits out, one metric collection per evaluation stage.
+
+Training keeps device-side running sums instead (``training_totals.py``): its step is the hot path.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing_extensions import override
 from .backbones import BackboneFactory, FastCNN, build_backbone
 from .schedules import OneCycle, Replanned, ScheduleFactory
 from .test_time import TestTimeAugmentation
+from .training_totals import TrainingTotals
 
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -108,7 +112,8 @@ class ImageClassifier(L.LightningModule):
                 "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
             }
         )
-        self.train_metrics = metrics.clone(prefix="train/")
+        self.training_totals = TrainingTotals(num_classes)
+        self._restored_totals: dict[str, Any] | None = None
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
         self.example_input_array = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
@@ -152,32 +157,30 @@ class ImageClassifier(L.LightningModule):
         """The inference network alone (shared modules, no trainer attached): safe to copy and profile."""
         return nn.Sequential(self.normalize, self.backbone)
 
-    def _shared_step(
-        self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str
-    ) -> tuple[Tensor, Tensor]:
+    def _evaluation_step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str) -> Tensor:
         images, labels = batch
-        logits = self(images) if stage == "train" else self.evaluate(images, self._all_views_now())
-        loss = self.criterion(logits, labels)
+        logits = self.evaluate(images, self._all_views_now())
         metrics.update(logits, labels)
-        on_step = stage == "train"
-        # No per-step value in the progress bar: Lightning reads those on the host after every batch,
-        # which would make a GPU wait for each step. The step loss goes to the logger at its cadence.
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=not on_step, sync_dist=not on_step)
-        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train")
-        return loss, logits
+        self.log(f"{stage}/loss", self.criterion(logits, labels), on_epoch=True, prog_bar=True, sync_dist=True)
+        self.log_dict(metrics, on_epoch=True, prog_bar=True)
+        return logits
 
     @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._shared_step(batch, self.train_metrics, "train")[0]
+        images, labels = batch
+        logits = self(images)
+        loss = self.criterion(logits, labels)
+        self.training_totals.add(loss, logits, labels)
+        return loss
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Returns the logits, for callbacks such as the confusion matrix."""
-        return self._shared_step(batch, self.val_metrics, "val")[1].detach()
+        return self._evaluation_step(batch, self.val_metrics, "val").detach()
 
     @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._shared_step(batch, self.test_metrics, "test")
+        self._evaluation_step(batch, self.test_metrics, "test")
 
     @override
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -203,13 +206,40 @@ class ImageClassifier(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # The first batch after a mid-epoch resume continues the checkpoint's sums of that epoch.
+        restored, self._restored_totals = self._restored_totals, None
+        trainer = self.trainer
+        if restored is not None and (restored["epoch"], restored["batches"]) == (trainer.current_epoch, batch_idx):
+            device = trainer.strategy.root_device
+            self.training_totals.load_state_dict(restored, device, keep_sums=trainer.is_global_zero)
+
+    @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # The step's loss only at the logger's cadence, which Lightning decides as for its own callbacks
+        # (a self.log at every step costs more than a small network's step); a stop always logs.
         # A run that reaches max_steps inside an epoch would end without validating its final weights
         # (the last val/* would be the previous epoch's). Asking to stop makes Lightning validate now,
         # after every callback's batch end (weight averaging included); the checkpoints follow.
         max_steps = self.trainer.max_steps
         if max_steps is not None and 0 < max_steps <= self.trainer.global_step:
             self.trainer.should_stop = True
+        if self.trainer._logger_connector.should_update_logs:
+            self.log("train/loss_step", outputs["loss"], on_step=True, on_epoch=False)
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        self.log_dict(self.training_totals.means(self.trainer.strategy), on_epoch=True)
+        self.training_totals.reset()
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainer = self.trainer
+        checkpoint["training_totals"] = self.training_totals.state_dict(trainer.strategy, trainer.current_epoch)
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._restored_totals = checkpoint.get("training_totals")
 
     @override
     def on_train_start(self) -> None:
