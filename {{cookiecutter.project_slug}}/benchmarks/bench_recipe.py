@@ -199,7 +199,11 @@ def load_airbench(path: Path, device: torch.device, quick: bool) -> tuple[types.
     module = types.ModuleType("airbench94")
     module.__file__ = str(path)
     module.__dict__["_HostEvent"] = _HostEvent
-    exec(compile(source, str(path), "exec"), module.__dict__)
+    try:
+        exec(compile(source, str(path), "exec"), module.__dict__)
+    except Exception as error:  # not a Python file, or one that fails at import
+        reason = f"{type(error).__name__}: {error}"
+        raise SystemExit(f"error: {path} fails to load ({reason}); is it airbench94.py?") from None
     if not hasattr(module, "main") or not hasattr(module, "hyp"):
         raise SystemExit(f"error: {path} has no main() and hyp: is it airbench94.py?")
     if quick:
