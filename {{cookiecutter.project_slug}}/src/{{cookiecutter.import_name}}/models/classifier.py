@@ -216,14 +216,14 @@ class ImageClassifier(L.LightningModule):
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        # The step's loss only at the logger's cadence, which Lightning decides as for its own callbacks
-        # (a self.log at every step costs more than a small network's step); a stop always logs.
         # A run that reaches max_steps inside an epoch would end without validating its final weights
         # (the last val/* would be the previous epoch's). Asking to stop makes Lightning validate now,
         # after every callback's batch end (weight averaging included); the checkpoints follow.
         max_steps = self.trainer.max_steps
         if max_steps is not None and 0 < max_steps <= self.trainer.global_step:
             self.trainer.should_stop = True
+        # The step's loss only at the logger's cadence, decided by Lightning as for its own callbacks
+        # (a self.log at every step costs more than a small network's step); a stop always logs.
         if self.trainer._logger_connector.should_update_logs:
             self.log("train/loss_step", outputs["loss"], on_step=True, on_epoch=False)
 
