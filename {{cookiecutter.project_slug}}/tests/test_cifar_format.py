@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torchvision
 
-from {{ cookiecutter.import_name }}.data.cifar_format import read_batch
+from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, read_batch, write_archive
 
 from .conftest import NUM_TEST, NUM_TRAIN, make_images, write_tiny_archive
 
@@ -59,6 +59,12 @@ def test_the_same_arrays_always_pack_to_the_same_bytes(tmp_path, monkeypatch):
         monkeypatch.setattr(time, "time", lambda clock=clock: clock)
         packed.append(write_tiny_archive(tmp_path / str(clock)).read_bytes())
     assert packed[0] == packed[1]
+
+
+def test_the_archive_is_written_into_a_new_folder_as_the_readme_does(tmp_path):
+    train, test = make_images(NUM_TRAIN, 10, 0), make_images(NUM_TEST, 10, 1)
+    path = write_archive(tmp_path / "my_data" / "cifar-10-python.tar.gz", CIFAR10, *train, *test)
+    assert path.is_file() and set(members(path)) >= {CIFAR10.member(name) for name in CIFAR10.test_files}
 
 
 def test_batches_are_python2_pickles(tmp_path, fmt):

@@ -251,6 +251,7 @@ def write_archive(
     for images in (train_images, test_images):
         if images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
             raise ValueError(f"images must have shape (N, 3, 32, 32), got {images.shape}")
+    path.parent.mkdir(parents=True, exist_ok=True)  # e.g. my_data/, as the README writes it
     with gzip.GzipFile(path, "wb", mtime=0) as packed, tarfile.open(fileobj=packed, mode="w") as tar:
         chunks = np.array_split(np.arange(len(train_images)), len(fmt.train_files))
         for index, (file_name, chunk) in enumerate(zip(fmt.train_files, chunks, strict=True), start=1):
