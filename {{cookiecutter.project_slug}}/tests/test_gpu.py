@@ -82,11 +82,21 @@ def test_the_host_waits_for_the_gpu_only_at_logging_steps(tmp_path, monkeypatch)
     # only at the steps the logger writes (and the benchmark clock not at all here).
     write_tiny_archive(tmp_path / "data", CIFAR10)
     waits = []
+
+    class CountWaitsWhileTraining(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.counting = True
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            self.counting = False
+
+    counter = CountWaitsWhileTraining()
+    counter.counting = False
     synchronize = torch.cuda.synchronize
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: waits.append(1) or synchronize(*args))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: waits.append(counter.counting) or synchronize(*args))
     extra = ["--trainer.max_steps=12", "--trainer.log_every_n_steps=4", "--trainer.check_val_every_n_epoch=1000"]
-    cli = fit_in_process(CONFIGS["fast"], tmp_path, monkeypatch, *extra)
-    assert cli.trainer.global_step == 12 and len(waits) <= 12 // 4
+    cli = fit_in_process(CONFIGS["fast"], tmp_path, monkeypatch, *extra, callbacks=[counter])
+    assert cli.trainer.global_step == 12 and sum(waits) <= 12 // 4  # steps 4, 8 and 12
 
 
 def test_the_recipe_benchmark_runs_on_cuda(tmp_path):
