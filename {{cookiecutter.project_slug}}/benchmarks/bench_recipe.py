@@ -214,7 +214,7 @@ def load_airbench(path: Path, device: torch.device, quick: bool) -> tuple[types.
 
 
 def reference_run(airbench: types.ModuleType, folder: Path, seed: int) -> dict[str, float]:
-    """airbench94's ``main(seed)``; its own counted time, taken from what it prints at the end."""
+    """airbench94's ``main(seed)``; its own counted time, from the final row it would print."""
     final: dict[str, Any] = {}
 
     def keep_final(variables: dict[str, Any], is_final_entry: bool) -> None:
@@ -253,24 +253,25 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; use --device cpu")
 
-    airbench, folder = None, tempfile.TemporaryDirectory()
+    airbench = None
     if args.reference is not None:
         airbench, changes = load_airbench(args.reference, torch.device(args.device), args.quick)
-        write_airbench_data(args.data_dir, Path(folder.name))
         print(f"airbench94 from {args.reference}: " + ("; ".join(changes) if changes else "unchanged"))
-    print("warm-up runs (not counted) ...")
-    project_run(args, seed=0, warmup=True)
-    if airbench is not None:
-        reference_run(airbench, Path(folder.name), seed=0)
-
     rows: dict[str, list[dict[str, float]]] = {"project": [], "airbench94": []}
-    for seed in range(args.seeds):
-        rows["project"].append(project_run(args, seed))
+    with tempfile.TemporaryDirectory() as airbench_folder:
+        print("warm-up runs (not counted) ...")
+        project_run(args, seed=0, warmup=True)  # also checks and converts the archive, as main.py fit does
         if airbench is not None:
-            rows["airbench94"].append(reference_run(airbench, Path(folder.name), seed))
-        done = {side: f"{runs[-1]['top1']:.4f} in {runs[-1]['counted_s']:.2f} s" for side, runs in rows.items() if runs}
-        print(f"seed {seed}: " + ", ".join(f"{side} {figure}" for side, figure in done.items()))
-    folder.cleanup()
+            write_airbench_data(args.data_dir, Path(airbench_folder))
+            reference_run(airbench, Path(airbench_folder), seed=0)
+        for seed in range(args.seeds):
+            rows["project"].append(project_run(args, seed))
+            if airbench is not None:
+                rows["airbench94"].append(reference_run(airbench, Path(airbench_folder), seed))
+            latest = [
+                f"{side} {runs[-1]['top1']:.4f} in {runs[-1]['counted_s']:.2f} s" for side, runs in rows.items() if runs
+            ]
+            print(f"seed {seed}: " + ", ".join(latest))
 
     precision = args.precision or "the config's"
     result: dict[str, Any] = {"config": str(args.config), "device": args.device, "precision": precision}
