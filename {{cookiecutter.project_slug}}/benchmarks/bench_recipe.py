@@ -141,7 +141,7 @@ def project_run(args: argparse.Namespace, seed: int, warmup: bool = False) -> di
     options = [
         "--config", str(args.config),
         f"--seed_everything={seed}",
-        f"--data.data_dir={args.data_dir.resolve()}",
+        f"--data.data_dir={args.data_dir}",
         f"--trainer.accelerator={'gpu' if device.type == 'cuda' else device.type}",
         "--trainer.devices=1",
         *([f"--trainer.precision={args.precision}"] if args.precision else []),
@@ -246,6 +246,10 @@ def main() -> None:
     args, args.options = parser.parse_known_args()  # the rest goes to the config (e.g. --model.compile true)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if not args.config.is_file():
+        parser.error(f"--config {args.config}: no such file; give a config of configs/")
+    # Each run works in a temporary folder (its logs and checkpoints go there): paths are made absolute first.
+    args.config, args.data_dir = args.config.resolve(), args.data_dir.resolve()
     if args.reference is not None and not args.reference.is_file():
         parser.error(f"--reference {args.reference}: no such file; give the path of airbench94.py")
     if args.precision is None and not args.device.startswith("cuda"):

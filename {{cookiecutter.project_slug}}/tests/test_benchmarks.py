@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -114,10 +115,13 @@ def main(run):
 def test_recipe_benchmark_times_the_recipe_beside_an_airbench_shaped_reference(tmp_path, per_epoch_validation):
     write_tiny_archive(tmp_path / "data")
     (tmp_path / "airbench94.py").write_text(AIRBENCH_SHAPED)
+    (tmp_path / "configs").mkdir()  # given as a relative path, as the README writes it (each run works elsewhere)
+    shutil.copy(PROJECT_ROOT / "configs" / "cifar10_fast.yaml", tmp_path / "configs")
     options = ["--per_epoch_validation"] if per_epoch_validation else ["--reference", "airbench94.py"]
     result = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "benchmarks" / "bench_recipe.py"), "--quick", "--device", "cpu",
-         "--seeds", "2", "--data_dir", "data", "--data.verify_checksum=false", *options],
+         "--config", "configs/cifar10_fast.yaml", "--seeds", "2", "--data_dir", "data",
+         "--data.verify_checksum=false", *options],
         cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
