@@ -7,7 +7,8 @@ Each seed trains the config once through the project's own objects (``TrainerCLI
 ``trainer.fit``, exactly the callbacks, logger and checkpoints of ``main.py fit``, written to a
 temporary folder) and is timed as airbench times itself:
 
-- first one warm-up run (cuDNN autotuning, compilation, first-touch allocations): not counted;
+- first one warm-up run of 20 steps on each side (cuDNN autotuning, compilation, first-touch
+  allocations), its final evaluation included: not counted;
 - the images in memory on the device (``data.storage: device``), as airbench keeps them;
 - counted: from the whitening fit (the first thing after the data is in memory) to the end of
   training, the final evaluation of the last weights with the config's test-time views included;
@@ -61,7 +62,7 @@ DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"
 FAST_RECIPE = PROJECT_ROOT / "configs" / "cifar10_fast.yaml"
 QUICK = ["--trainer.max_steps=8", "--trainer.max_epochs=2", "--data.global_batch_size=32"]
 QUICK_WIDTH = 4
-WARMUP_STEPS = 20
+WARMUP_STEPS = 20  # each side's warm-up run (2 with --quick)
 # airbench94.py's device and dtype lines, and what they become on a CPU (fp32).
 CPU_ADAPTATIONS = {
     "map_location=torch.device(gpu)": "map_location='cpu'",
@@ -135,6 +136,10 @@ def working_directory(path: Path) -> Iterator[None]:
         os.chdir(previous)
 
 
+def warmup_steps(args: argparse.Namespace) -> int:
+    return 2 if args.quick else WARMUP_STEPS
+
+
 def project_run(args: argparse.Namespace, seed: int, warmup: bool = False) -> dict[str, float]:
     """One ``fit`` of the config, timed; ``warmup``: a short one that validates at its end (nothing kept)."""
     device = torch.device(args.device)
@@ -150,7 +155,7 @@ def project_run(args: argparse.Namespace, seed: int, warmup: bool = False) -> di
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
         *([*QUICK, f"--model.backbone.init_args.width={QUICK_WIDTH}"] if args.quick else []),
-        *([f"--trainer.max_steps={2 if args.quick else WARMUP_STEPS}"] if warmup else []),
+        *([f"--trainer.max_steps={warmup_steps(args)}"] if warmup else []),
         *args.options,
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as folder, working_directory(Path(folder)), warnings.catch_warnings():
@@ -172,16 +177,20 @@ def project_run(args: argparse.Namespace, seed: int, warmup: bool = False) -> di
         return {**clock.seconds(), "top1": float(trainer.callback_metrics["val/top1"])}
 
 
-def write_airbench_data(data_dir: Path, folder: Path) -> None:
-    """The archive's images as the ``cifar10/train.pt`` and ``test.pt`` airbench94 loads (NHWC uint8)."""
+def write_airbench_data(data_dir: Path, folder: Path) -> int:
+    """The archive's images as the ``cifar10/train.pt`` and ``test.pt`` airbench94 loads (NHWC uint8);
+    returns the number of training images."""
     cache = prepare(data_dir, CIFAR10, download=False, verify_checksum=False)
     (folder / "cifar10").mkdir()
+    counts = {}
     for split, file_name in (("train", "train.pt"), ("test", "test.pt")):
         paths = cache.split(split)
         images = torch.from_numpy(np.ascontiguousarray(np.load(paths.images).transpose(0, 2, 3, 1)))
         labels = torch.from_numpy(np.load(paths.labels))
         data = {"images": images, "labels": labels, "classes": list(cache.class_names)}
         torch.save(data, folder / "cifar10" / file_name)
+        counts[split] = len(labels)
+    return counts["train"]
 
 
 def load_airbench(path: Path, device: torch.device, quick: bool) -> tuple[types.ModuleType, list[str]]:
@@ -213,8 +222,14 @@ def load_airbench(path: Path, device: torch.device, quick: bool) -> tuple[types.
     return module, changes
 
 
-def reference_run(airbench: types.ModuleType, folder: Path, seed: int) -> dict[str, float]:
-    """airbench94's ``main(seed)``; its own counted time, from the final row it would print."""
+def reference_run(
+    airbench: types.ModuleType, folder: Path, seed: int, warmup_epochs: float | None = None
+) -> dict[str, float]:
+    """airbench94's ``main(seed)``; its own counted time, from the final row it would print.
+
+    ``warmup_epochs``: a short run of that many epochs (its own ``main("warmup")`` would train all of
+    them: half an hour on a CPU), with the same shapes, the final evaluation included.
+    """
     final: dict[str, Any] = {}
 
     def keep_final(variables: dict[str, Any], is_final_entry: bool) -> None:
@@ -222,10 +237,17 @@ def reference_run(airbench: types.ModuleType, folder: Path, seed: int) -> dict[s
             final.update(variables)
 
     airbench.print_training_details = keep_final
+    options = airbench.hyp["opt"]
+    epochs = options["train_epochs"]
+    if warmup_epochs is not None:
+        options["train_epochs"] = warmup_epochs
     torch.manual_seed(seed)
-    with working_directory(folder), redirect_stdout(StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        accuracy = airbench.main(seed)
+    try:
+        with working_directory(folder), redirect_stdout(StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            accuracy = airbench.main(seed)
+    finally:
+        options["train_epochs"] = epochs
     return {"counted_s": float(final["total_time_seconds"]), "top1": float(accuracy)}
 
 
@@ -266,8 +288,9 @@ def main() -> None:
         print("warm-up runs (not counted) ...")
         project_run(args, seed=0, warmup=True)  # also checks and converts the archive, as main.py fit does
         if airbench is not None:
-            write_airbench_data(args.data_dir, Path(airbench_folder))
-            reference_run(airbench, Path(airbench_folder), seed=0)
+            images = write_airbench_data(args.data_dir, Path(airbench_folder))
+            epochs = warmup_steps(args) * airbench.hyp["opt"]["batch_size"] / images  # as many steps as the project's
+            reference_run(airbench, Path(airbench_folder), seed=0, warmup_epochs=epochs)
         for seed in range(args.seeds):
             rows["project"].append(project_run(args, seed))
             if airbench is not None:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from .conftest import PROJECT_ROOT, cli_env, write_tiny_archive
+from .conftest import NUM_TRAIN, PROJECT_ROOT, cli_env, write_tiny_archive
 
 pytestmark = pytest.mark.slow
 
@@ -97,6 +97,8 @@ def load(name):
 gpu = 0
 
 def main(run):
+    with open(os.environ["AIRBENCH_CALLS"], "a") as calls:  # the epochs each run was asked for
+        calls.write(f"{hyp['opt']['train_epochs']}\\n")
     starter, ender = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     starter.record()
     (train_x, train_y), (test_x, test_y) = load("train.pt"), load("test.pt")
@@ -122,7 +124,8 @@ def test_recipe_benchmark_times_the_recipe_beside_an_airbench_shaped_reference(t
         [sys.executable, str(PROJECT_ROOT / "benchmarks" / "bench_recipe.py"), "--quick", "--device", "cpu",
          "--config", "configs/cifar10_fast.yaml", "--seeds", "2", "--data_dir", "data",
          "--data.verify_checksum=false", *options],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env=cli_env(AIRBENCH_CALLS=str(tmp_path / "calls.txt")), capture_output=True, text=True,
+        timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
@@ -135,6 +138,9 @@ def test_recipe_benchmark_times_the_recipe_beside_an_airbench_shaped_reference(t
     assert "map_location=torch.device(gpu) -> map_location='cpu'" in result.stdout  # the CPU adaptation is named
     assert "torch.cuda.Event(enable_timing=True) -> _HostEvent()" in result.stdout
     assert 0 <= figures["airbench94_top1"] <= 1 and figures["airbench94_s"] > 0
+    # a warm-up as short as the project's (2 steps of 32 images), then the full runs
+    calls = [float(line) for line in (tmp_path / "calls.txt").read_text().split()]
+    assert calls == [pytest.approx(2 * 32 / NUM_TRAIN), 1.4, 1.4]
     assert figures["time_vs_airbench94"] == figures["project_s"] / figures["airbench94_s"]
     assert figures["top1_minus_airbench94"] == figures["project_top1"] - figures["airbench94_top1"]
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import throughput_monitor as lightning_throughput
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -17,10 +18,12 @@ from {{ cookiecutter.import_name }}.callbacks import (
     ConfusionMatrix,
     GradientHistograms,
     GradScaleWatchdog,
+    ImageThroughput,
     Lookahead,
     ModelReport,
     SampleGrid,
 )
+from {{ cookiecutter.import_name }}.callbacks import throughput as project_throughput
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import FastCNN
@@ -44,13 +47,12 @@ def tiny_fit(data_dir, tmp_path, callbacks, max_steps=4, optimizer=None, ckpt_pa
         optimizer=optimizer,
     )
     trainer_kwargs.setdefault("logger", TensorBoardLogger(tmp_path, name="tb", version=0))
+    trainer_kwargs = {"val_check_interval": max_steps, "log_every_n_steps": 1, **trainer_kwargs}
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=max_steps,
         limit_val_batches=2,
         num_sanity_val_steps=0,
-        val_check_interval=max_steps,
-        log_every_n_steps=1,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
@@ -71,6 +73,39 @@ def test_histograms_and_norms_every_n_steps(data_dir, tmp_path):
     total = events.Scalars("weights_grad_norm/total")
     assert [e.step for e in total] == [0, 2, 4] and all(e.value > 0 for e in total)
     assert all(e.value == 0 for e in events.Scalars("weights_grad_nonfinite/total"))
+
+
+class FakeClock(L.Callback):
+    """The throughput monitor's clock: each training batch takes 1 s, each validation batch 10 s."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def on_train_batch_start(self, *args) -> None:
+        self.now += 1.0
+
+    def on_validation_batch_start(self, *args) -> None:
+        self.now += 10.0
+
+
+def test_throughput_after_a_validation_between_logging_steps_counts_every_training_batch_time(
+    data_dir, tmp_path, monkeypatch
+):
+    # Logged at steps 4 and 8, validated after step 6: the rate at step 8 spans steps 5 to 8 (or 7
+    # and 8), whose time must not be dropped with the validation's.
+    clock = FakeClock()
+    for module in (lightning_throughput, project_throughput):  # Lightning's monitor and the subclass
+        monkeypatch.setattr(module, "time", clock)
+    trainer = tiny_fit(
+        data_dir, tmp_path, [clock, ImageThroughput()], max_steps=10, val_check_interval=6, log_every_n_steps=4
+    )
+    rates = read_events(trainer.logger.log_dir).Scalars("train/device/samples_per_sec")
+    # Lightning's step index of the 8th batch (the 4th has no window yet); 16 images per 1-s batch
+    # (32 when steps 5 and 6 lost their time)
+    assert [(rate.step, rate.value) for rate in rates] == [(7, 16.0)]
 
 
 def test_nonfinite_gradients_are_counted_not_drawn(tmp_path):
