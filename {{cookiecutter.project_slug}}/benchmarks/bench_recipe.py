@@ -228,7 +228,7 @@ def reference_run(
     """airbench94's ``main(seed)``; its own counted time, from the final row it would print.
 
     ``warmup_epochs``: a short run of that many epochs (its own ``main("warmup")`` would train all of
-    them: half an hour on a CPU), with the same shapes, the final evaluation included.
+    them: 40 minutes on a 2-core CPU), with the same shapes, the final evaluation included.
     """
     final: dict[str, Any] = {}
 
