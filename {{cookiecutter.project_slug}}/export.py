@@ -13,11 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from {{ cookiecutter.import_name }}.errors import OneLineArgumentParser, exit_with
-from {{ cookiecutter.import_name }}.export.artifacts import FORMATS, ExportOptions, export_artifacts
-from {{ cookiecutter.import_name }}.export.model_card import int8_change, table
-from {{ cookiecutter.import_name }}.export.quantize import CALIBRATION_METHODS
-from {{ cookiecutter.import_name }}.noise import silence_known_noise
+from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, exit_with
+from {{ cookiecutter.import_name }}.machinery.export.artifacts import FORMATS, ExportOptions, export_artifacts
+from {{ cookiecutter.import_name }}.machinery.export.model_card import int8_change, table
+from {{ cookiecutter.import_name }}.machinery.export.quantize import CALIBRATION_METHODS
+from {{ cookiecutter.import_name }}.machinery.noise import silence_known_noise
 
 
 def formats(value: str) -> tuple[str, ...]:

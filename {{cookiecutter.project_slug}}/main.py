@@ -5,7 +5,7 @@ Every subcommand starts from ``configs/{{ cookiecutter.dataset }}.yaml``; ``--co
 
 from pathlib import Path
 
-from {{ cookiecutter.import_name }}.cli import main
+from {{ cookiecutter.import_name }}.machinery.cli import main
 
 if __name__ == "__main__":  # guarded so that spawned DDP workers can import this file
     main(default_config=Path(__file__).resolve().parent / "configs" / "{{ cookiecutter.dataset }}.yaml")

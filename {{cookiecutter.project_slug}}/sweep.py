@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from {{ cookiecutter.import_name }}.errors import OneLineArgumentParser, UsageError, exit_with
-from {{ cookiecutter.import_name }}.noise import silence_known_noise
+from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, UsageError, exit_with
+from {{ cookiecutter.import_name }}.machinery.noise import silence_known_noise
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "{{ cookiecutter.dataset }}.yaml"
 EXTRA = "sweep"  # the optional dependencies this command needs: pip install -e ".[sweep]"
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             import plotly  # noqa: F401
         except ImportError as error:
             raise UsageError(f"sweeps need {error.name}, which is not installed; pip install -e '.[{EXTRA}]'") from None
-        from {{ cookiecutter.import_name }}.sweeps import report, space, study, trial, validate
+        from {{ cookiecutter.import_name }}.machinery.sweeps import report, space, study, trial, validate
 
         spec = space.SweepSpec.read(options.sweep)
         name = options.study or options.sweep.stem

@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data.archive import prepare
 from {{ cookiecutter.import_name }}.data.cifar_format import FORMATS
-from {{ cookiecutter.import_name }}.export.evaluation import onnx_predictor
-from {{ cookiecutter.import_name }}.export.onnx_export import export_onnx
-from {{ cookiecutter.import_name }}.export.quantize import Calibration, calibration_images, quantize_int8
-from {{ cookiecutter.import_name }}.export.source import load_model
+from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
+from {{ cookiecutter.import_name }}.machinery.export.evaluation import onnx_predictor
+from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
+from {{ cookiecutter.import_name }}.machinery.export.quantize import Calibration, calibration_images, quantize_int8
+from {{ cookiecutter.import_name }}.machinery.export.source import load_model
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"

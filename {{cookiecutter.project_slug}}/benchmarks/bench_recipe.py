@@ -52,10 +52,10 @@ import lightning as L
 import numpy as np
 import torch
 
-from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data.archive import prepare
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
-from {{ cookiecutter.import_name }}.errors import OneLineArgumentParser, exit_with
+from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
+from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, exit_with
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"

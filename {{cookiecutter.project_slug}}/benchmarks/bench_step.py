@@ -37,9 +37,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data.augment import BatchAugment
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import PatchWhitening
 

@@ -9,8 +9,8 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from {{ cookiecutter.import_name }}.cli import TrainerCLI, main
-from {{ cookiecutter.import_name }}.export.source import ExportError, load_model
+from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI, main
+from {{ cookiecutter.import_name }}.machinery.export.source import ExportError, load_model
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 from .conftest import (

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.cifar_format import write_archive
+from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 
 from .conftest import (
     DATASET,

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from {{ cookiecutter.import_name }}.callbacks import GradientHistograms, GradScaleWatchdog
-from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 
 from .conftest import FAST_ARGS, PROJECT_ROOT, cli_env, default_config, write_tiny_archive
 

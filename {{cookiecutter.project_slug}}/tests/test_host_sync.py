@@ -21,8 +21,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from {{ cookiecutter.import_name }}.callbacks import GradientHistograms, GradScaleWatchdog
-from {{ cookiecutter.import_name }}.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 
 from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, write_tiny_archive
 

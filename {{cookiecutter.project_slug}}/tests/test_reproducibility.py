@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO
+from {{ cookiecutter.import_name }}.machinery.checkpoint_io import AtomicCheckpointIO
 
 from .conftest import (
     cli_env,
@@ -27,7 +27,7 @@ pytestmark = [
 
 
 def in_process(args, cwd, monkeypatch):
-    from {{ cookiecutter.import_name }}.cli import TrainerCLI
+    from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", ["main.py"])
@@ -73,7 +73,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_continues_from_it(tmp_path):
 
 WRITER = """
 import sys, torch
-from {{ cookiecutter.import_name }}.checkpointing import AtomicCheckpointIO
+from {{ cookiecutter.import_name }}.machinery.checkpoint_io import AtomicCheckpointIO
 io = AtomicCheckpointIO()
 payload = {"state_dict": {"w": torch.zeros(4_000_000)}}
 i = 0

@@ -19,7 +19,7 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from {{ cookiecutter.import_name }}.sweeps.study import without_password
+from {{ cookiecutter.import_name }}.machinery.sweeps.study import without_password
 
 from .conftest import (
     FAST_ARGS,

@@ -6,9 +6,7 @@ from .gradient_histograms import GradientHistograms
 from .lookahead import Lookahead
 from .model_report import ModelReport
 from .prediction_writer import PredictionWriter
-from .random_state import RandomState
 from .sample_grid import SampleGrid
-from .stop_on_signal import StopOnSignal
 from .throughput import ImageThroughput
 from .whitening import WhiteningFit
 
@@ -20,8 +18,6 @@ __all__ = [
     "Lookahead",
     "ModelReport",
     "PredictionWriter",
-    "RandomState",
     "SampleGrid",
-    "StopOnSignal",
     "WhiteningFit",
 ]

@@ -10,7 +10,7 @@ from torch.utils.tensorboard.summary import hparams
 from typing_extensions import override
 
 from ..data.interfaces import BatchPlan
-from ..model_cost import model_cost
+from ..models.cost import model_cost
 from .tensorboard import tensorboard_writers
 
 # The scalars the HPARAMS tab shows beside each run's settings (their latest values).

@@ -13,7 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ..data.interfaces import PredictionNames
-from ..files import Partial
+from ..machinery.files import Partial
 
 
 class PredictionWriter(BasePredictionWriter):

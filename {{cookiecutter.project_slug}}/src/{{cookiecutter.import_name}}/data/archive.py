@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from torchvision.datasets.utils import calculate_md5, download_url
 
-from ..errors import UsageError, UserError
-from ..files import NewFolders, Partial, remove_stale_partials
+from ..machinery.errors import UsageError, UserError
+from ..machinery.files import NewFolders, Partial, remove_stale_partials
 from .cifar_format import IMAGE_SHAPE, ROW_LENGTH, CifarFormat, read_batch
 
 log = logging.getLogger(__name__)

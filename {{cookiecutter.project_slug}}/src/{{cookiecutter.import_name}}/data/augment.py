@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import check_choice
+from ..machinery.errors import check_choice
 
 FlipMode = Literal["random", "alternating", "none"]
 PaddingMode = Literal["zeros", "reflect"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,8 +16,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from ..errors import check_choice
-from .archive import Cache, DataError, DataSettingError, load_cache, prepare
+from ..machinery.errors import check_choice
+from .archive import Cache, DataError, DataSettingError, fingerprint, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
 from .cifar_format import FORMATS
@@ -135,6 +136,21 @@ class CifarDataModule(L.LightningDataModule):
         self.seed = 0
         self.predict_set: MemmapBatches | TensorBatches | None = None
         self.predict_names: list[str] = []  # the files of predict_dir; test-set images go by their index
+
+    @classmethod
+    def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
+        """The dataset's name and its archive's MD5; for ``predict`` on your own images, their folder.
+
+        Checked before anything is built: data that is neither here nor to be downloaded is refused at once.
+        """
+        if stage == "predict" and settings.get("predict_dir"):
+            return f"images:{settings['predict_dir']}"  # no CIFAR archive is needed, or looked for
+        return fingerprint(
+            Path(settings["data_dir"]),
+            FORMATS[settings["dataset"]],
+            download=settings["download"],
+            verify_checksum=settings["verify_checksum"],
+        )
 
     def _predicting_own_images(self) -> bool:
         return self.predict_dir is not None and self.trainer is not None and self.trainer.predicting

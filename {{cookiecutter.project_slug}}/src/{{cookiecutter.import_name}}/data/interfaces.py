@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from .batches import BatchSizes
+
+
+@runtime_checkable
+class Fingerprinted(Protocol):
+    """A DataModule class that says what data a command reads before anything is built (part of the run's identity)."""
+
+    @classmethod
+    def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
+        """What the data is, not where it lies (e.g. a dataset's name and checksum), from the ``data.*`` settings."""
+        ...
 
 
 @runtime_checkable

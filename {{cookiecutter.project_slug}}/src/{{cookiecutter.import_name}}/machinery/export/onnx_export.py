@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import ImageClassifier
+from ...models import ImageClassifier
 from .source import INPUT_NAME, OUTPUT_NAME, ExportError, dynamic_batch, sample_images
 
 

@@ -10,11 +10,9 @@ import argparse
 import errno
 import os
 import re
-import signal
 import sys
 from typing import Any, NoReturn, get_args
 
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 DEBUG_VARIABLE = "FULL_ERROR"
@@ -27,10 +25,6 @@ PARSE_ERROR_NOISE = (
     "Given value",
 )
 USAGE, RUNTIME = 2, 1
-# A run stopped by a signal before its planned end exits as the shell reports a process the signal
-# ended (128 + its number), after its checkpoint and summary are written, so that
-# `python main.py fit ... && python export.py ...` never ships a half-trained model.
-STOPPED_BY = {KeyboardInterrupt: 128 + signal.SIGINT, SIGTERMException: 128 + signal.SIGTERM}
 
 
 class UserError(Exception):
@@ -59,11 +53,6 @@ def as_user_error(error: BaseException) -> UserError | None:
             "(trainer.logger.init_args.save_dir, trainer.default_root_dir or data.data_dir)"
         )
     return None
-
-
-def stopped_exit_code(cause: BaseException | None) -> int | None:
-    """130 for Ctrl-C, 143 for SIGTERM; None for anything else (an error keeps its own handling)."""
-    return next((code for kind, code in STOPPED_BY.items() if isinstance(cause, kind)), None)
 
 
 def full_error_wanted() -> bool:

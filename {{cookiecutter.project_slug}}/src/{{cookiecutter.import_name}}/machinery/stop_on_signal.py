@@ -13,8 +13,8 @@ the current batch; in a multi-process run the ranks agree after each training ba
 all-reduce) whether any of them was signalled, and if so every rank stops at the end of that
 same batch, where ``checkpoints/last.ckpt`` is written
 (``save_on_exception``) and from which ``--ckpt_path last`` resumes exactly. For the warning
-signal, rank 0 then requeues a SLURM job (``scontrol requeue``, called by the CLI once the
-checkpoint is on disk). The process exits with 128 + the signal's number. A second Ctrl-C
+signal, rank 0 then requeues a SLURM job (``scontrol requeue``, once the checkpoint is on disk:
+``ending.py``, which also gives the exit status, 128 + the signal's number). A second Ctrl-C
 interrupts at once, as Ctrl-C usually does. With gradient accumulation the stop waits for the
 batch that ends the optimizer step: a checkpoint never holds half an accumulated step.
 """
@@ -48,9 +48,9 @@ class StopOnSignal(L.Callback):
         try:
             self.requeue_signal = signal.Signals[requeue_signal]
         except KeyError:
-            raise ValueError(f"requeue_signal: {requeue_signal!r} is not a signal name (e.g. SIGUSR1)") from None
+            raise ValueError(f"safety.requeue_signal: {requeue_signal!r} is not a signal name (e.g. SIGUSR1)") from None
         if self.requeue_signal in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM, signal.SIGINT):
-            raise ValueError(f"requeue_signal: {requeue_signal} cannot be caught or already stops a run; use SIGUSR1")
+            raise ValueError(f"safety.requeue_signal: {requeue_signal} cannot be caught or already stops a run; use SIGUSR1")
         self.received = NO_SIGNAL  # what this process was sent
         self.agreed = NO_SIGNAL  # what all ranks stopped for
         self.slurm_job: str | None = None
@@ -86,12 +86,12 @@ class StopOnSignal(L.Callback):
             signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.received >= INTERRUPT:
-            raise KeyboardInterrupt  # Ctrl-C twice: now
-        # os.write, not print: the signal may arrive while Python is printing (print would fail as reentrant).
-        again = " (Ctrl-C again: stop at once)" if signum == signal.SIGINT else ""
-        message = f"{signal.Signals(signum).name}: stopping after this batch, with a checkpoint{again}\n"
-        os.write(sys.stderr.fileno(), message.encode())
+        if signum == signal.SIGINT:
+            if self.received >= INTERRUPT:
+                raise KeyboardInterrupt  # Ctrl-C twice: now
+            # Someone is at the keyboard: say that it was heard (the run's ending says the rest). os.write, not
+            # print: the signal may arrive while Python is printing (print would fail as reentrant).
+            os.write(sys.stderr.fileno(), b"Ctrl-C: stopping after this batch, with a checkpoint (again: at once)\n")
         reason = {self.requeue_signal: REQUEUE, signal.SIGINT: INTERRUPT}.get(signum, TERMINATE)
         self.received = max(self.received, reason)
         trainer = self._trainer
@@ -128,9 +128,10 @@ class StopOnSignal(L.Callback):
         self._restore = {}
         self._trainer = None
 
-    def exit_code(self) -> int:
-        """128 + the number of the signal the ranks stopped for (the shell's convention)."""
-        return 128 + (self.requeue_signal if self.requeue_wanted else EXIT_SIGNAL.get(self.agreed, signal.SIGTERM))
+    @property
+    def signal(self) -> signal.Signals | None:
+        """The signal every rank stopped for, or None if none did."""
+        return None if self.agreed == NO_SIGNAL else EXIT_SIGNAL.get(self.agreed, self.requeue_signal)
 
     def requeue(self) -> str | None:
         """``scontrol requeue <job>`` under SLURM (the checkpoint must be on disk already); what happened, in words."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..model_cost import ModelCost
-from ..models import ImageClassifier
-from ..models.test_time import TestTimeAugmentation
+from ...models import ImageClassifier
+from ...models.cost import ModelCost
+from ...models.test_time import TestTimeAugmentation
 from .evaluation import describe_parity
 from .source import INPUT_NAME, OUTPUT_NAME
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import ImageClassifier
+from ...models import ImageClassifier
 from .source import ExportError, dynamic_batch, sample_images
 
 

@@ -25,7 +25,15 @@ from .files import Partial, remove_stale_partials
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Same-folder temporary file, fsync, ``os.replace`` (``files.Partial``); stale temporaries are cleaned up."""
+    """Same-folder temporary file, fsync, ``os.replace`` (``files.Partial``); stale temporaries are cleaned up.
+
+    ``written`` maps each file this process completed to the optimizer step it holds, so that a
+    stopped run names the checkpoint it really left, never one that failed or was not written.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[Path, int] = {}
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -34,6 +42,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         remove_stale_partials(target.parent, "*.ckpt")  # only rank 0 writes checkpoints
         with Partial(target) as partial:
             torch.save(checkpoint, partial)
+        self.written[target] = int(checkpoint.get("global_step", 0))
 
 
 class CheckpointError(UserError, ValueError):

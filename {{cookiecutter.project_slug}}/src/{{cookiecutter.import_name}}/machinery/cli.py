@@ -1,64 +1,50 @@
-"""The command line: LightningCLI wired to the data, the model and the run directories of ``runs.py``.
+"""The command line: LightningCLI wired to the data, the model, the run directories and what the run relies on.
 
-Where runs live and which one a command continues is decided in ``runs.py``, before any
-class is built, so a refused command writes nothing. Mistakes are reported in one line
-(``errors.py``); a finished command says where everything went (``summary.py``).
+Which run a command continues and where its files go is decided before any class is built
+(``resolution.py``, ``run.py``), so a refused command writes nothing. What resume and a clean
+stop rest on is installed here whatever the config's lists say (``guarantees.py``). Mistakes
+are reported in one line (``errors.py``); a finished command says where everything went
+(``summary.py``), a stopped one where it left its state (``ending.py``).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import Namespace
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
-from .callbacks.stop_on_signal import StopOnSignal
-from .checkpointing import read_checkpoint
-from .data import CifarDataModule
-from .data.archive import fingerprint
-from .data.cifar_format import FORMATS
-from .errors import UsageError, exit_with, full_error_wanted, parse_error_line, stopped_exit_code
+from ..data import CifarDataModule, Fingerprinted
+from ..models import ImageClassifier
+from .checkpoint_io import read_checkpoint
+from .ending import end_early
+from .errors import UsageError, exit_with, full_error_wanted, parse_error_line
+from .guarantees import Safety, check_user_parts, with_atomic_writes
+from .identity import RunIdentity
 from .launch import exit_when_launcher_dies, launched_as_rank_zero
-from .models import ImageClassifier
+from .loggers import check_tracker_packages, experiment_dir
 from .noise import silence_known_noise
+from .resolution import resolve_checkpoint
+from .run import Run
 from .run_record import RunRecord
-from .runs import Run, RunIdentity, class_of, experiment_dir, loggers, resolve_checkpoint
-from .summary import evaluation_summary, fit_summary, interruption_summary
+from .summary import evaluation_summary, fit_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# Loggers whose package is an optional extra of pyproject.toml (configs/presets/mlflow.yaml, wandb.yaml):
-# logger class -> (module, extra).
-TRACKERS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}
-
-
-def check_tracker_packages(trainer: Namespace) -> None:
-    """A tracker's logger without its package: one line naming the pip command (Lightning's says less)."""
-    for logger in loggers(trainer):
-        name = class_of(logger).__name__
-        if name in TRACKERS:
-            module, extra = TRACKERS[name]
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                message = f"{name} needs {module}, which is not installed; pip install -e '.[{extra}]'"
-                raise UsageError(message) from None
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
     return json.loads(parser.dump(config, format="json", skip_check=True))
 
 
-def data_fingerprint(subcommand: str, data: Namespace) -> str:
-    """What the command reads: the archive's identity, or for ``predict`` on your own images their folder."""
-    if subcommand == "predict" and data.get("predict_dir"):
-        return f"images:{data.predict_dir}"  # no CIFAR archive is needed, or looked for
-    return fingerprint(
-        Path(data.data_dir), FORMATS[data.dataset], download=data.download, verify_checksum=data.verify_checksum
-    )
+def data_fingerprint(datamodule_class: type, subcommand: str, data: Namespace) -> str:
+    """What the command reads, as the data module says (a data module that cannot say: its config stands for it)."""
+    if isinstance(datamodule_class, Fingerprinted):
+        return datamodule_class.data_fingerprint(data.as_dict(), subcommand)
+    return ""
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -104,6 +90,7 @@ class TrainerCLI(LightningCLI):
             # nn.Module subclass that torch and torchvision define, some 600 lines.
             if action.dest == "model.backbone":
                 action.extra_help = lambda: ""
+        parser.add_class_arguments(Safety, "safety")
         parser.add_argument(
             "--allow_config_change",
             type=bool,
@@ -125,8 +112,9 @@ class TrainerCLI(LightningCLI):
             self.run = None
             return
         config = self.config[subcommand]
+        check_user_parts(config.trainer)
         parser = self._parser(subcommand)
-        data = data_fingerprint(subcommand, config.data)
+        data = data_fingerprint(self.datamodule_class, subcommand, config.data)
         identity = RunIdentity.of(resolved_config(parser, config), data)
         experiment = experiment_dir(config.trainer)
         allow_fresh_start = subcommand == "fit" and config.allow_fresh_start
@@ -171,6 +159,17 @@ class TrainerCLI(LightningCLI):
             raise
 
     @override
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The trainer with the user's callbacks and plugins, plus what the project's guarantees rest on."""
+        trainer = self._get(self.config_init, "trainer", default={})
+        safety: Safety = self._get(self.config_init, "safety")
+        run_dir = self.run.directory if self.run is not None else Path(trainer.get("default_root_dir") or ".")
+        callbacks = trainer.get("callbacks") or []
+        callbacks = [*(callbacks if isinstance(callbacks, list) else [callbacks]), *safety.callbacks(run_dir)]
+        plugins, self.checkpoint_writer = with_atomic_writes(trainer.get("plugins"))
+        return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
+
+    @override
     def _run_subcommand(self, subcommand: str) -> None:
         session = self.run.session
         keep = (lambda: session.trained) if subcommand == "fit" else (lambda: False)
@@ -181,17 +180,8 @@ class TrainerCLI(LightningCLI):
             else:
                 super()._run_subcommand(subcommand)
         except BaseException as error:
-            if keep() and self.trainer.is_global_zero:
-                print(interruption_summary(self.trainer, self.run))
-            code = stopped_exit_code(session.stopped_by or error)
-            stop = next((callback for callback in self.trainer.callbacks if isinstance(callback, StopOnSignal)), None)
-            if code is not None and stop is not None and stop.agreed:  # stopped at a batch boundary
-                if stop.requeue_wanted and self.trainer.is_global_zero:
-                    # The cluster's warning signal: the checkpoint is written, now the job may go back in the queue.
-                    message = stop.requeue()
-                    if message:
-                        print(message)
-                code = stop.exit_code()
+            stop = self._get(self.config_init, "safety").stop
+            code = end_early(error, self.trainer, self.run, stop, self.checkpoint_writer, trained=keep())
             if code is not None:  # a stopped run is not a finished one: say so in the exit status
                 raise SystemExit(code) from None
             raise

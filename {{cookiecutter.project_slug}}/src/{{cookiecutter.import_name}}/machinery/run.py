@@ -1,24 +1,17 @@
-"""Runs: what a run is, where it lives, which run a command continues, and undoing a start that failed.
+"""A run's folder: where one command's logs and checkpoints go, holding it, and undoing a start that failed.
 
-- **Identity.** A run is its resolved config (minus keys that cannot change results, see
-  ``config_hash.py``) plus a fingerprint of its data (the dataset and its archive's MD5: what
-  the data is, not where it lies). The SHA-256 of both names it; the first 12 hex digits name
-  its directory, ``<logger save_dir>/<logger name>/<hash>/``.
-- **Resuming.** ``--ckpt_path last`` continues this config's run; failing that, the latest run
-  of the same experiment folder, but only if its config is the same or ``--allow_config_change``
-  is given. Anything else is refused before a file is written (see the README's table).
+- **Placing.** The run directory is ``<logger save_dir>/<logger name>/<short hash>/`` (``identity.py``);
+  the loggers and checkpoint writers are pointed at it before they are built.
+- **Deciding.** ``Run.plan`` refuses, before a file is written, a resume that would change the config
+  without ``--allow_config_change`` (or at all, for settings that shape the weights), and a fresh
+  start over a run that already has checkpoints (which checkpoint ``last`` means: ``resolution.py``).
 - **Holding.** One process trains a run at a time (``run_lock.py``).
 - **Failing.** A session that fails before its first optimizer step leaves the disk as it was.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import json
-import os
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,181 +20,20 @@ from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
 
-from .config_hash import LAUNCH_SWITCHES, SHORT_LENGTH, canonical_config
+from .config_hash import LAUNCH_SWITCHES
 from .errors import UsageError
 from .files import NewFolders
+from .identity import RunIdentity, describe, shapes_weights
+from .loggers import DIRECTORY_LOGGERS, callbacks, class_of, is_directory_logger, loggers
+from .resolution import CHECKPOINTS, run_of_checkpoint
 from .run_lock import RunLock
+from .session import Session
 
-CHECKPOINTS = "checkpoints"
-LAST = "last.ckpt"
 HASH_FILENAME = "config_hash.txt"
-# --ckpt_path values Lightning resolves itself.
-LIGHTNING_KEYWORDS = ("best", "hpc", "registry")
 # Files a session may rewrite in an existing run directory, restored if it fails before training.
 SMALL_FILE_BYTES = 1 << 20
-# Settings that shape the weights (with everything under them, e.g. model.backbone.init_args.width):
-# a checkpoint cannot continue under other values, even if allowed.
-WEIGHT_SHAPING_KEYS = ("model.backbone", "data.dataset", "data.class_names")
-
-
-@dataclass(frozen=True)
-class RunIdentity:
-    """The canonical config (with the data fingerprint) and its SHA-256."""
-
-    canonical: str
-
-    @classmethod
-    def of(cls, resolved_config: dict[str, Any], data_fingerprint: str) -> RunIdentity:
-        return cls(canonical_config({**resolved_config, "data_fingerprint": data_fingerprint}))
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(self.canonical.encode()).hexdigest()
-
-    @property
-    def short(self) -> str:
-        return self.hash[:SHORT_LENGTH]
-
-    def run_dir(self, parent: Path) -> Path:
-        """The folder this identity's run has under ``parent`` (an experiment, or an evaluated run's stage)."""
-        return Path(parent) / self.short
-
-    def changes_from(self, other_canonical: str) -> dict[str, str]:
-        return config_changes(json.loads(other_canonical), json.loads(self.canonical))
-
-
-def config_changes(old: dict, new: dict, prefix: str = "") -> dict[str, str]:
-    """``{dotted key: "old -> new"}`` for every leaf that differs between two configs."""
-    changes = {}
-    for key in sorted(set(old) | set(new)):
-        before, after = old.get(key, "<unset>"), new.get(key, "<unset>")
-        if isinstance(before, dict) and isinstance(after, dict):
-            changes.update(config_changes(before, after, f"{prefix}{key}."))
-        elif before != after:
-            changes[f"{prefix}{key}"] = f"{json.dumps(before)} -> {json.dumps(after)}"
-    return changes
-
-
-def shapes_weights(key: str) -> bool:
-    return any(key == shaping or key.startswith(f"{shaping}.") for shaping in WEIGHT_SHAPING_KEYS)
-
-
-def describe(changes: dict[str, str]) -> str:
-    return "; ".join(f"{key}: {change}" for key, change in changes.items())
-
-
-def loggers(trainer: Namespace) -> list[Namespace]:
-    """The configured loggers (``trainer.logger`` is one or a list), as class_path/init_args namespaces."""
-    logger = trainer.get("logger")
-    return [item for item in (logger if isinstance(logger, list) else [logger]) if isinstance(item, Namespace)]
-
-
-def callbacks(trainer: Namespace) -> list[Namespace]:
-    """The configured callbacks, as class_path/init_args namespaces."""
-    return [item for item in trainer.get("callbacks") or [] if isinstance(item, Namespace) and "class_path" in item]
-
-
-def class_of(item: Namespace) -> type:
-    """The class a ``class_path`` namespace names (a logger's or a callback's)."""
-    module, _, name = str(item.class_path).rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
-def is_directory_logger(logger: Any) -> bool:
-    """A configured logger that writes into ``save_dir/name/version`` (TensorBoard, CSV): it places the run."""
-    return isinstance(logger, Namespace) and issubclass(class_of(logger), TensorBoardLogger | CSVLogger)
-
-
-def experiment_dir(trainer: Namespace) -> Path:
-    """The folder holding one directory per run: the first TensorBoard (or CSV) logger's ``save_dir/name``, or ``runs``.
-
-    A relative ``save_dir`` lies under ``trainer.default_root_dir`` when that is given.
-    """
-    root = Path(trainer.get("default_root_dir") or ".")
-    for logger in loggers(trainer):
-        if is_directory_logger(logger):
-            args = logger.init_args
-            return root / str(args.save_dir) / str(args.get("name") or "")
-    return root / "runs"
-
-
-def run_of_checkpoint(path: Path) -> Path | None:
-    """The run directory holding a checkpoint file, if the file lies in one (``<run>/checkpoints/``)."""
-    if path.parent.name != CHECKPOINTS:
-        return None
-    # Relative to the working directory when inside it, as the runs' own paths are.
-    relative = Path(os.path.relpath(path.parent.parent))
-    return path.parent.parent if relative.parts[:1] == ("..",) else relative
-
-
-def latest_last_checkpoint(experiment: Path, own_run: Path) -> Path | None:
-    """``last.ckpt`` of this config's run, else the most recently written one of the experiment."""
-    own = own_run / CHECKPOINTS / LAST
-    if own.is_file():
-        return own
-    candidates = sorted(experiment.glob(f"*/{CHECKPOINTS}/{LAST}"), key=lambda path: path.stat().st_mtime)
-    return candidates[-1] if candidates else None
-
-
-def resolve_checkpoint(
-    subcommand: str,
-    ckpt_path: str | None,
-    experiment: Path,
-    identity: RunIdentity,
-    allow_fresh_start: bool,
-) -> Path | str | None:
-    """The checkpoint file a command starts from (a Lightning keyword passes through), or a usage error."""
-    own_run = identity.run_dir(experiment)
-    if ckpt_path is None or ckpt_path in LIGHTNING_KEYWORDS:
-        return ckpt_path
-    if ckpt_path == "last":
-        if subcommand == "fit" and allow_fresh_start:
-            # A job script's "resume mine or start it": only this config's own run counts.
-            own = own_run / CHECKPOINTS / LAST
-            return own if own.is_file() else None
-        found = latest_last_checkpoint(experiment, own_run)
-        if found is not None:
-            return found
-        advice = (
-            "drop --ckpt_path to start one, or add --allow_fresh_start true to start one when there is none"
-            if subcommand == "fit"
-            else "train one first (main.py fit with the same --config), or pass the path of a .ckpt file"
-        )
-        raise UsageError(f"--ckpt_path last: there is no run with a {LAST} under {experiment}; {advice}")
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise UsageError(
-            f"--ckpt_path {ckpt_path}: no such file; give the path of a .ckpt file "
-            "(e.g. runs/<name>/<hash>/checkpoints/last.ckpt), or last for the latest run of this config"
-        )
-    return path
-
-
-@dataclass
-class Session:
-    """What this command's training did: counted by ``RunRecord``, read by the CLI and the summary."""
-
-    first_step: int | None = None
-    last_step: int = 0
-    images: int = 0
-    started: float = field(default_factory=time.perf_counter)
-    stopped_by: BaseException | None = None  # what ended training early, as Lightning saw it
-
-    @property
-    def steps_taken(self) -> int:
-        return self.last_step - self.first_step if self.first_step is not None else 0
-
-    @property
-    def trained(self) -> bool:
-        """Whether this session has taken an optimizer step."""
-        return self.steps_taken > 0
-
-    @property
-    def elapsed(self) -> float:
-        """Seconds since this session's training started."""
-        return time.perf_counter() - self.started
 
 
 @dataclass
@@ -275,7 +107,7 @@ class Run:
         placements = {"save_dir": str(self.directory.parent), "name": "", "version": self.directory.name}
         for index, logger in enumerate(loggers(trainer)):
             kind, args = class_of(logger), logger.get("init_args", Namespace())
-            if issubclass(kind, TensorBoardLogger | CSVLogger):
+            if issubclass(kind, DIRECTORY_LOGGERS):
                 wanted = placements
             elif issubclass(kind, MLFlowLogger) and args.get("run_name") is None:
                 wanted = {"run_name": self.directory.name}

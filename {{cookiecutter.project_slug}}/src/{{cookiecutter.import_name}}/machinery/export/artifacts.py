@@ -16,8 +16,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from ..model_cost import model_cost
-from ..models import ImageClassifier
+from ...models import ImageClassifier
+from ...models.cost import model_cost
 from .evaluation import (
     Accuracy,
     Parity,

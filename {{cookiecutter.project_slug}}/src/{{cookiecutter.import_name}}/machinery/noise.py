@@ -6,6 +6,7 @@ Each filter matches one message of one library, so every other warning stays vis
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 
 from typing_extensions import override
@@ -21,14 +22,19 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     # sweep.py hands each trial its own arguments while its own are in sys.argv, on purpose
     (r"LightningCLI's args parameter is intended to run from within Python", UserWarning),
 )
-# Lightning's advertisements for its hosted services, logged at every start.
-ADVERTISEMENT = "💡 Tip:"
+# Lightning's info lines that say nothing here: why each.
+KNOWN_LINES = re.compile(
+    r"💡 Tip:"  # advertisements for its hosted services, at every start
+    # ModelCheckpoint's save on an exception, garbled ("An SIGTERMException was raised with message:    , saved
+    # checkpoint to ..."); the project's own line says which checkpoint holds which step (ending.py)
+    r"|An? \w+ was raised with message:"
+)
 
 
-class _DropAdvertisements(logging.Filter):
+class _DropKnownLines(logging.Filter):
     @override
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(ADVERTISEMENT)
+        return not KNOWN_LINES.match(record.getMessage())
 
 
 def silence_known_noise() -> None:
@@ -36,5 +42,5 @@ def silence_known_noise() -> None:
     for message, category in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(existing, _DropAdvertisements) for existing in rank_zero.filters):
-        rank_zero.addFilter(_DropAdvertisements())
+    if not any(isinstance(existing, _DropKnownLines) for existing in rank_zero.filters):
+        rank_zero.addFilter(_DropKnownLines())

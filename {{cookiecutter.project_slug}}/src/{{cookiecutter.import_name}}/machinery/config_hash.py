@@ -24,6 +24,7 @@ LAUNCH_SWITCHES: tuple[str, ...] = (
 EXCLUDED_KEYS: tuple[str, ...] = (
     "config",  # the config files' paths; their content is in the rest of the config
     *LAUNCH_SWITCHES,
+    "safety",  # when last.ckpt is also written and which signal asks for a requeue: the same computation
     "trainer.default_root_dir",  # output location
     "trainer.logger",  # where and to which trackers metrics go (TensorBoard, MLflow, W&B), never what is computed
     "trainer.callbacks.*.init_args.dirpath",  # checkpoint location

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.archive import DataError, archive_path, load_cache, prepare
-from ..data.cifar_format import FORMATS, CifarFormat
+from ...data.archive import DataError, archive_path, load_cache, prepare
+from ...data.cifar_format import FORMATS, CifarFormat
 from ..errors import UsageError
 
 

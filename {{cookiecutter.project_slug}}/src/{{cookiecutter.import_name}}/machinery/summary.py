@@ -9,8 +9,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
-from .data.interfaces import BatchPlan, ValidationSplit
-from .runs import Run
+from ..data.interfaces import BatchPlan, ValidationSplit
+from .run import Run
 
 
 def _number(value: float) -> str:
@@ -34,6 +34,7 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
     """Run directory, best and last checkpoints, final metrics, time and throughput of a finished fit."""
     session = run.session
     lines = [f"Run: {run.directory}" + (f" (resumed from {run.checkpoint})" if run.checkpoint else "")]
+    named = set()  # last.ckpt may have two writers (by epoch and by step)
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint):
             continue
@@ -43,7 +44,9 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
             lines.append(f"Best checkpoint: {callback.best_model_path} ({callback.monitor} {score} at epoch {epoch})")
         elif callback.monitor is None and (callback.last_model_path or callback.best_model_path):
             latest = callback.last_model_path or callback.best_model_path  # without a monitor: the latest save
-            lines.append(f"Last checkpoint: {latest} (step {trainer.global_step})")
+            if latest not in named:
+                named.add(latest)
+                lines.append(f"Last checkpoint: {latest} (step {trainer.global_step})")
     metrics = {
         name.removesuffix("_epoch"): float(value)
         for name, value in sorted(trainer.callback_metrics.items())
@@ -81,11 +84,3 @@ def evaluation_summary(trainer: L.Trainer, run: Run) -> str:
     """Where a validate/test/predict command logged, and which checkpoint it evaluated."""
     evaluated = run.checkpoint or "the untrained model (no --ckpt_path)"
     return f"{run.subcommand.capitalize()} of {evaluated} logged to {run.directory}"
-
-
-def interruption_summary(trainer: L.Trainer, run: Run) -> str:
-    """Where a fit that stopped early (Ctrl-C, SIGTERM, an error after training began) left its state."""
-    return (
-        f"Stopped at step {trainer.global_step} in {run.directory}; its checkpoints/last.ckpt holds the "
-        "state of the last save: run the same command with --ckpt_path last to continue"
-    )

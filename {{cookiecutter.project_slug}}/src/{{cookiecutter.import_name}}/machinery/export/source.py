@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpointing import CheckpointError, read_checkpoint
+from ...models import ImageClassifier
+from ..checkpoint_io import CheckpointError, read_checkpoint
 from ..errors import UsageError, UserError, parse_error_line
-from ..models import ImageClassifier
 
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 MAX_BATCH = 4096

@@ -10,10 +10,11 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.loggers import MLFlowLogger
 from typing_extensions import override
 
-from .runs import HASH_FILENAME, Run
+from .loggers import is_tracker
+from .run import HASH_FILENAME, Run
 
 
 class RunRecord(SaveConfigCallback):
@@ -65,7 +66,7 @@ class RunRecord(SaveConfigCallback):
             hashes.write(self.run.identity.hash + "\n")
         for logger in trainer.loggers:
             logger.log_hyperparams({"config_hash": self.run.identity.hash})
-            if not isinstance(logger, TensorBoardLogger | CSVLogger):  # a tracker: the whole config as its parameters
+            if is_tracker(logger):  # the whole config as its parameters
                 logger.log_hyperparams(json.loads(self.run.identity.canonical))
             if isinstance(logger, MLFlowLogger):  # and the file itself
                 logger.experiment.log_artifact(logger.run_id, str(config_path))
