@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from {{ cookiecutter.import_name }}.data import archive
-from {{ cookiecutter.import_name }}.data.archive import DataError, cache_dir, prepare
+from {{ cookiecutter.import_name }}.data.archive import cache_dir, prepare
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+from {{ cookiecutter.import_name }}.data.errors import DataError
 
 from .conftest import DATASET, make_images, write_tiny_archive
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
-from {{ cookiecutter.import_name }}.data.archive import DataError
 from {{ cookiecutter.import_name }}.data.dataset import Positions
+from {{ cookiecutter.import_name }}.data.errors import DataError
 from {{ cookiecutter.import_name }}.machinery.config_hash import canonical_config
 
 from .conftest import DATASET

@@ -241,6 +241,43 @@ def test_an_accumulating_run_stops_after_the_step_and_resumes_exactly(tmp_path, 
     assert_same_run(reference(args), tmp_path)
 
 
+# Stacked configs that replace a default list (lists are replaced, not merged): what the run relies
+# on is installed whatever the list says.
+REPLACED_LISTS = {
+    "callbacks": (
+        "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
+        "      init_args: {monitor: val/top1, mode: max, patience: 100}\n    - class_path: tests.probes.KillAt\n"
+    ),
+    "plugins": "trainer:\n  plugins:\n    - class_path: lightning.pytorch.plugins.environments.LightningEnvironment\n",
+}
+
+
+def archive_and_stacked_config(data_dir: Path, text: str) -> None:
+    write_tiny_archive(data_dir)
+    (data_dir.parent / "stacked.yaml").write_text(text)
+
+
+@pytest.mark.parametrize("replaced", sorted(REPLACED_LISTS))
+def test_a_stacked_config_replacing_a_default_list_still_stops_with_a_checkpoint_and_resumes_exactly(
+    tmp_path, reference, replaced
+):
+    write_data = partial(archive_and_stacked_config, text=REPLACED_LISTS[replaced])
+    args = fit_args("data", "--trainer.max_epochs=3", "--data.batch_size=8", "--config=stacked.yaml", KILL_PROBE)
+    if replaced == "callbacks":  # the stacked list already holds the probe
+        args.remove(KILL_PROBE)
+    write_data(tmp_path / "data")
+    signalled = {"KILL_AT": "train_batch:1:6", "KILL_SIGNAL": "SIGTERM"}
+    stopped = run_cli(*args, cwd=tmp_path, check=False, env=signalled)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    last = only_run_dir(tmp_path) / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 20 + 7
+    message = f"Stopped by SIGTERM at step 27; {last.relative_to(tmp_path)} holds step 27: run the same command"
+    assert message in stopped.stdout
+    assert "was raised with message" not in stopped.stdout + stopped.stderr  # Lightning's garbled line stays out
+    run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
+    assert_same_run(reference(args, write_data), tmp_path)
+
+
 def slurm_job(submit_dir: Path, bin_dir: Path, args: list[str], **env: str) -> subprocess.CompletedProcess:
     """``scripts/slurm.sbatch ARGS`` run as SLURM runs it, with ``srun`` and ``scontrol`` stand-ins first on PATH."""
     job_env = {
@@ -279,7 +316,7 @@ def test_a_slurm_job_warned_with_sigusr1_is_requeued_and_resumes_exactly(tmp_pat
 
 def test_a_run_killed_after_a_step_checkpoint_resumes_from_it_exactly(tmp_path, reference):
     steps = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "step_checkpoints.yaml")]
-    args = fit_args("data", *SMALL_RUN, "--data.num_workers=2", *steps, "--trainer.callbacks.every_n_train_steps=4")
+    args = fit_args("data", *SMALL_RUN, "--data.num_workers=2", *steps, "--safety.last_every_n_train_steps=4")
     # last.ckpt at global step 28 (after batch 7 of epoch 1); SIGKILL at step 30: the resume starts
     # mid-epoch, and the cut epoch's training averages still cover all its batches.
     reference_and_resumed(tmp_path, reference, args, ["train_batch:1:9"])

@@ -251,7 +251,8 @@ def test_ctrl_c_resume_extend_as_a_user_types_them(tmp_path):
     run_dir = only_run_dir(tmp_path)
     last = run_dir / "checkpoints" / "last.ckpt"
     assert stopped.returncode == 128 + signal.SIGINT  # 130, as a shell reports Ctrl-C
-    assert f"Stopped at step 4 in {run_dir.relative_to(tmp_path)}" in stopped.stdout
+    message = f"Stopped by Ctrl-C at step 4; {(last.relative_to(tmp_path))} holds step 4: run the same command with"
+    assert message in stopped.stdout
     assert torch.load(last, weights_only=True)["global_step"] == 4
 
     resumed = run_cli(*fit_args("data", probe, "--ckpt_path=last"), cwd=tmp_path)

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 from torchvision.datasets.utils import calculate_md5, download_url
 
-from ..machinery.errors import UsageError, UserError
 from ..machinery.files import NewFolders, Partial, remove_stale_partials
 from .cifar_format import IMAGE_SHAPE, ROW_LENGTH, CifarFormat, read_batch
+from .errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +30,6 @@ CACHE_FORMAT_VERSION = 1
 MARKER = "meta.json"
 SPLITS = ("train", "test")
 REPACK = "delete it and run again to download the official archive, or repack your data in the CIFAR format"
-
-
-class DataError(UserError):
-    """The data on disk cannot be used; the message says what is wrong and how to fix it."""
-
-
-class DataSettingError(UsageError, DataError):
-    """A data setting that does not fit the data (too large a split or batch, wrong class names)."""
 
 
 @dataclass(frozen=True)

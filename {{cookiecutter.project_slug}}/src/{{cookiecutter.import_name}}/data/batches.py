@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .archive import DataSettingError
+from .errors import DataSettingError
 
 
 @dataclass(frozen=True)

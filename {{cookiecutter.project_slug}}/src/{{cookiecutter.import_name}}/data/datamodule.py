@@ -17,11 +17,12 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from ..machinery.errors import check_choice
-from .archive import Cache, DataError, DataSettingError, fingerprint, load_cache, prepare
+from .archive import Cache, fingerprint, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
 from .cifar_format import FORMATS
 from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, keep_batch
+from .errors import DataError, DataSettingError
 from .image_folder import load_image_folder
 from .loader import FirstBatchStartLoader, TrainerEpochSampler
 

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image
 from torch import Tensor
 
-from .archive import DataSettingError
+from .errors import DataSettingError
 
 log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")

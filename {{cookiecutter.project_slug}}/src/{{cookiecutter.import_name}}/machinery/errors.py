@@ -96,7 +96,14 @@ def exit_with(error: BaseException) -> None:
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse for the project's other commands (export.py, sweep.py): a bad option is one line, as in main.py."""
+    """argparse for the project's other commands (export.py, sweep.py): a bad option is one line, as in main.py.
+
+    No abbreviations: an option of an earlier release (``--output``) must not be taken for a longer one
+    (``--output_dir``) and quietly do something else.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     @override
     def error(self, message: str) -> NoReturn:

@@ -50,7 +50,9 @@ class StopOnSignal(L.Callback):
         except KeyError:
             raise ValueError(f"safety.requeue_signal: {requeue_signal!r} is not a signal name (e.g. SIGUSR1)") from None
         if self.requeue_signal in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM, signal.SIGINT):
-            raise ValueError(f"safety.requeue_signal: {requeue_signal} cannot be caught or already stops a run; use SIGUSR1")
+            raise ValueError(
+                f"safety.requeue_signal: {requeue_signal} cannot be caught or already stops a run; use SIGUSR1"
+            )
         self.received = NO_SIGNAL  # what this process was sent
         self.agreed = NO_SIGNAL  # what all ranks stopped for
         self.slurm_job: str | None = None

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...data.archive import DataError, archive_path, load_cache, prepare
+from ...data.archive import archive_path, load_cache, prepare
 from ...data.cifar_format import FORMATS, CifarFormat
+from ...data.errors import DataError
 from ..errors import UsageError
 
 

@@ -37,9 +37,6 @@ class StagedFiles:
         self._staged[name] = Partial(self.folder / name)
         return self._staged[name].path
 
-    def final(self, name: str) -> Path:
-        return self.folder / name
-
     def commit(self) -> list[Path]:
         """Rename every staged file to its final name; returns the final paths."""
         finals = [staged.commit() for staged in self._staged.values()]
