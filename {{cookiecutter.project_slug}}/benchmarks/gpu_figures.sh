@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure the README asks for, in one go (about 10 minutes on one A100/H100-class GPU):
+# Every GPU figure docs/benchmarks.md asks for, in one go (about 10 minutes on one A100/H100-class GPU):
 #   bash benchmarks/gpu_figures.sh DATA_DIR [PATH/TO/airbench94.py]
 # DATA_DIR holds cifar-10-python.tar.gz (add --data.verify_checksum=false to bench_recipe.py's line
 # for your own images in that format). Each step's output goes to gpu-figures/<step>.txt (or $OUT);

@@ -84,7 +84,7 @@ def trained(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def exported(trained) -> Path:
-    """``python export.py --ckpt_path .../last.ckpt --data_dir data``, as the README shows it; returns the folder."""
+    """``python export.py --ckpt_path .../last.ckpt --data_dir data``, as docs/shipping.md shows it; returns the folder."""
     result = run_export("--ckpt_path", str(trained), "--data_dir", "data", cwd=trained.parents[4])
     assert result.returncode == 0, result.stderr
     return trained.parent / "export"
