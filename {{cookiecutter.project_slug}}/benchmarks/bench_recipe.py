@@ -28,7 +28,8 @@ CPU only its device and dtype lines are adapted (``.cuda()``, ``torch.cuda.Event
 ``torch.cuda.synchronize``, the load's ``map_location``, ``.half()`` -> fp32), and the output says so.
 The last line is one JSON object with the figures.
 
-``--quick`` (what the tests run) trains a width-4 network for 8 steps of 32 images; on the reference
+``--quick`` (what the tests run; a smoke test on any data) trains a width-4 network for 2 epochs of 4 steps of 32
+images and evaluates a few batches; on the reference
 it sets the same batch size, width and about as many steps through airbench's ``hyp`` dictionary.
 """
 
@@ -60,7 +61,16 @@ from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParse
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"
 FAST_RECIPE = PROJECT_ROOT / "configs" / "cifar10_fast.yaml"
-QUICK = ["--trainer.max_steps=8", "--trainer.max_epochs=2", "--data.global_batch_size=32"]
+# Two epochs of 4 batches whatever the data's size (the tests' tiny archive or the full CIFAR-10), a few evaluation
+# batches: the final weights are validated at the end of the last epoch, as in a full run.
+QUICK = [
+    "--trainer.max_steps=8",
+    "--trainer.max_epochs=2",
+    "--trainer.limit_train_batches=4",
+    "--trainer.limit_val_batches=2",
+    "--trainer.limit_test_batches=2",
+    "--data.global_batch_size=32",
+]
 QUICK_WIDTH = 4
 WARMUP_STEPS = 20  # each side's warm-up run (2 with --quick)
 # airbench94.py's device and dtype lines, and what they become on a CPU (fp32).

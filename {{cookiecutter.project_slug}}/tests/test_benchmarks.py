@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from .conftest import NUM_TRAIN, PROJECT_ROOT, cli_env, write_tiny_archive
+from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, write_archive
+
+from .conftest import NUM_TRAIN, PROJECT_ROOT, cli_env, make_images, write_tiny_archive
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +117,11 @@ def main(run):
 
 @pytest.mark.parametrize("per_epoch_validation", [False, True], ids=["final-validation-only", "per-epoch-validation"])
 def test_recipe_benchmark_times_the_recipe_beside_an_airbench_shaped_reference(tmp_path, per_epoch_validation):
-    write_tiny_archive(tmp_path / "data")
+    if per_epoch_validation:  # --quick is a smoke test on the data users have: epochs far longer than its 8 steps
+        train, test = make_images(2000, 10, seed=0), make_images(64, 10, seed=1)
+        write_archive(tmp_path / "data" / CIFAR10.archive_name, CIFAR10, *train, *test)
+    else:
+        write_tiny_archive(tmp_path / "data")
     (tmp_path / "airbench94.py").write_text(AIRBENCH_SHAPED)
     (tmp_path / "configs").mkdir()  # given as a relative path, as the README writes it (each run works elsewhere)
     shutil.copy(PROJECT_ROOT / "configs" / "cifar10_fast.yaml", tmp_path / "configs")
