@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import throughput_monitor as lightning_throughput
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -97,15 +96,16 @@ def test_throughput_after_a_validation_between_logging_steps_counts_every_traini
     # Logged at steps 4 and 8, validated after step 6: the rate at step 8 spans steps 5 to 8 (or 7
     # and 8), whose time must not be dropped with the validation's.
     clock = FakeClock()
-    for module in (lightning_throughput, project_throughput):  # Lightning's monitor and the subclass
-        monkeypatch.setattr(module, "time", clock)
+    monkeypatch.setattr(project_throughput, "time", clock)
     trainer = tiny_fit(
         data_dir, tmp_path, [clock, ImageThroughput()], max_steps=10, val_check_interval=6, log_every_n_steps=4
     )
     rates = read_events(trainer.logger.log_dir).Scalars("train/device/samples_per_sec")
-    # Lightning's step index of the 8th batch (the 4th has no window yet); 16 images per 1-s batch
-    # (32 when steps 5 and 6 lost their time)
-    assert [(rate.step, rate.value) for rate in rates] == [(7, 16.0)]
+    # Lightning's step index of the 8th batch (the 4th has no window yet) and of the last one, which the
+    # logger writes too; 16 images per 1-s batch (32 at index 7 if steps 5 and 6 lost their time)
+    assert [(rate.step, rate.value) for rate in rates] == [(7, 16.0), (9, 16.0)]
+    validation = read_events(trainer.logger.log_dir).Scalars("val/device/samples_per_sec")
+    assert validation and all(rate.value == pytest.approx(16 / 10) for rate in validation)  # 16 images per 10-s batch
 
 
 def test_nonfinite_gradients_are_counted_not_drawn(tmp_path):

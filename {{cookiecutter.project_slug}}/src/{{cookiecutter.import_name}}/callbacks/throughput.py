@@ -1,4 +1,4 @@
-"""Images per second, through Lightning's own ``ThroughputMonitor``, timed at the logger's steps only."""
+"""Images per second, with Lightning's ``Throughput`` (the windowed rates), timed at the logger's steps only."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ThroughputMonitor
-from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.fabric.utilities.throughput import Throughput
+from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
+
+# What Throughput computes that is logged: per device, and over all devices under DDP.
+RATES = ("device/samples_per_sec", "device/batches_per_sec", "samples_per_sec", "batches_per_sec")
 
 
 def images_in_batch(batch: Any) -> int:
@@ -18,64 +20,96 @@ def images_in_batch(batch: Any) -> int:
     return int(batch[0].shape[0])
 
 
-class ImageThroughput(ThroughputMonitor):
-    """Logs ``train/device/samples_per_sec`` (images/s per device) and ``batches_per_sec``, also for validation.
+class ImageThroughput(L.Callback):
+    """Logs ``train/device/samples_per_sec`` (images/s per device) and ``batches_per_sec``; ``val/device/*`` too.
 
-    Under DDP it adds ``train/samples_per_sec``, the rate over all devices. Lightning's monitor reads
-    the clock after every training batch, and on a GPU it first waits for the batch to finish
-    (``torch.cuda.synchronize``), so the host cannot queue the next step while the GPU works. Here
-    the batches are counted on the host and the clock is read only at the steps the logger writes,
-    and before each validation (whose time Lightning leaves out of the training rate).
+    Under DDP it adds ``train/samples_per_sec``, the rate over all devices. Lightning's
+    ``ThroughputMonitor`` reads the clock after every training batch, and on a GPU it first waits for
+    the batch to finish (``torch.cuda.synchronize``), so the host cannot queue the next step while
+    the GPU works. Here the batches are counted on the host and the clock is read only at the steps
+    the logger writes and around each validation, whose time is left out of the training rate.
     """
 
     def __init__(self, window_size: int = 2) -> None:
         """Configure the averaging.
 
         Args:
-            window_size: Logged steps the training rates are averaged over (2: since the previous one);
-                validation rates over this many batches.
+            window_size: Clock readings the training rates are averaged over (2: since the previous one).
         """
-        super().__init__(batch_size_fn=images_in_batch, window_size=window_size)
-        self._module_has_flops = False  # FLOPs are reported once at fit start instead
-        self._clocked_batches = 0  # training batches counted at the last clock reading
+        self.window_size = window_size
+        self._training: Throughput | None = None
+        self._trained = 0.0  # training seconds up to the start of the current stretch (validations left out)
+        self._stretch_start: float | None = None  # clock at the start of the current training stretch
+        self._images = self._batches = 0  # training, this fit
+        self._clocked_batches = 0  # training batches at the last clock reading
+        self._last_step = 0
+        self._validation_start = 0.0
+        self._validation_images = self._validation_batches = 0
+
+    @staticmethod
+    def _now(trainer: L.Trainer) -> float:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()  # what was queued is part of the time
+        return time.perf_counter()
 
     @override
-    @rank_zero_only
-    def on_train_start(self, trainer: L.Trainer, *args: Any) -> None:
-        super().on_train_start(trainer, *args)
-        self._clocked_batches = 0
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._training = Throughput(window_size=self.window_size, world_size=trainer.world_size)
 
     @override
-    @rank_zero_only
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
-    ) -> None:
-        # A step with gradient accumulation still pending is not timed: its optimizer step has not run.
-        if trainer._logger_connector.should_update_logs and not trainer.fit_loop._should_accumulate():
-            super().on_train_batch_end(trainer, pl_module, outputs, batch)
-            self._clocked_batches = self._batches[RunningStage.TRAINING]
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._training.reset()
+        self._trained, self._images, self._batches, self._clocked_batches = 0.0, 0, 0, 0
+        self._last_step = trainer.global_step
+        self._stretch_start = self._now(trainer)
+
+    def _read_clock(self, now: float) -> None:
+        if self._batches > self._clocked_batches:  # a reading without new batches would add no time
+            elapsed = self._trained + now - self._stretch_start
+            self._training.update(time=elapsed, batches=self._batches, samples=self._images)
+            self._clocked_batches = self._batches
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        self._images += images_in_batch(batch)
+        self._batches += 1
+        stepped = trainer.global_step != self._last_step  # not while gradients are still being accumulated
+        self._last_step = trainer.global_step
+        # The steps Lightning's logger writes at (read here, after the optimizer step: global_step counts it).
+        if stepped and (trainer.global_step % trainer.log_every_n_steps == 0 or trainer.should_stop):
+            self._read_clock(self._now(trainer))
+            rates = self._training.compute()
+            logged = {f"train/{name}": rates[name] for name in RATES if name in rates}
+            if logged:  # once the window holds two readings
+                pl_module.log_dict(logged, on_step=True, on_epoch=False, rank_zero_only=True)
+
+    @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
             return
-        stage = trainer.state.stage
-        self._samples[stage] += self.batch_size_fn(batch)
-        self._batches[stage] += 1
+        now = self._now(trainer)
+        if self._stretch_start is not None:  # a validation inside fit: the training batches so far keep their time
+            self._read_clock(now)
+            self._trained += now - self._stretch_start
+            self._stretch_start = None
+        self._validation_start, self._validation_images, self._validation_batches = now, 0, 0
 
     @override
-    @rank_zero_only
-    def on_validation_start(self, trainer: L.Trainer, *args: Any) -> None:
-        # Lightning resumes the training clock where its last reading left off; read it now for the
-        # batches since the last logging step, or their time would be dropped with the validation's.
-        training = RunningStage.TRAINING
-        if (
-            trainer.state.fn == TrainerFn.FITTING
-            and not trainer.sanity_checking
-            and self._batches.get(training, 0) > self._clocked_batches
-        ):
-            if trainer.strategy.root_device.type == "cuda":
-                torch.cuda.synchronize()  # once per validation, as the monitor does before each reading
-            self._throughputs[training].update(
-                time=time.perf_counter() - self._t0s[training],
-                batches=self._batches[training],
-                samples=self._samples[training],
-            )
-            self._clocked_batches = self._batches[training]
-        super().on_validation_start(trainer, *args)
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, *args) -> None:
+        if not trainer.sanity_checking:
+            self._validation_images += images_in_batch(batch)
+            self._validation_batches += 1
+
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or self._validation_batches == 0:
+            return
+        now = self._now(trainer)
+        seconds = max(now - self._validation_start, 1e-9)
+        rates = {
+            "val/device/samples_per_sec": self._validation_images / seconds,
+            "val/device/batches_per_sec": self._validation_batches / seconds,
+        }
+        pl_module.log_dict(rates, on_step=False, on_epoch=True, rank_zero_only=True)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._stretch_start = now  # training resumes; the validation's time stays out of its rate
