@@ -19,6 +19,8 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from {{ cookiecutter.import_name }}.machinery.errors import UsageError
+from {{ cookiecutter.import_name }}.machinery.sweeps.space import SweepSpec
 from {{ cookiecutter.import_name }}.machinery.sweeps.study import without_password
 
 from .conftest import (
@@ -40,11 +42,31 @@ SPACE = {
 }
 
 
-def write_sweep(path: Path, pruner: str = "NopPruner", space: dict = SPACE) -> Path:
-    spec = {"metric": "val/top1", "direction": "maximize", "sampler": {"class_name": "RandomSampler",
-            "init_args": {"seed": 0}}, "pruner": {"class_name": pruner}, "space": space}  # fmt: skip
+def write_sweep(path: Path, pruner: str = "NopPruner", space: dict = SPACE, **changes: object) -> Path:
+    spec = {"metric": "val/top1", "direction": "maximize", "sampler": {"class_path": "RandomSampler",
+            "init_args": {"seed": 0}}, "pruner": {"class_path": pruner}, "space": space, **changes}  # fmt: skip
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"direction": "up"}, "direction: expected one of 'maximize', 'minimize', got up"),
+        ({"sampler": {"class_path": "NoSuchSampler"}}, "sampler"),
+        ({"pruner": {"class_path": "MedianPruner", "init_args": {"n_warmup": 2}}}, "n_warmup"),
+        ({"pruner": {"class_path": "MedianPruner", "init_args": {"n_warmup_steps": -1}}}, "n_warmup_steps"),
+        ({"trials": 3}, "trials"),
+    ],
+    ids=["direction", "unknown-sampler", "unknown-init-arg", "refused-value", "unknown-key"],
+)
+def test_the_sweep_file_is_parsed_like_every_config(tmp_path, changes, named):
+    with pytest.raises(UsageError) as refused:
+        SweepSpec.read(write_sweep(tmp_path / "sweep.yaml", **changes))
+    assert named in str(refused.value) and "\n" not in str(refused.value)
+    spec = SweepSpec.read(write_sweep(tmp_path / "good.yaml", pruner="MedianPruner"))
+    assert isinstance(spec.make_sampler(), optuna.samplers.RandomSampler)
+    assert spec.make_pruner() is not spec.make_pruner()  # a fresh one for each study
 
 
 def sweep_command(*args: str) -> list[str]:

@@ -76,7 +76,7 @@ def parse_error_line(message: str) -> str:
         if line and not line.startswith(PARSE_ERROR_NOISE):
             line = re.sub(r"^Type .* expects a function or a callable class: ", "", line)
             reasons.append(re.sub(r"\. Got value: Namespace\(.*$", "", line))
-    reason = "; ".join(reasons).replace(". Got value: ", ", got ")
+    reason = "; ".join(reasons).replace(". Got value: ", ", got ").replace(":; ", ": ")
     reason = re.sub(r"Expected a typing\.Literal\[(.*?)\]", r"expected one of \1", reason)
     reason = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", reason)
     given = re.findall(r"^\s*Given value: (.*)$", message, re.MULTILINE)

@@ -32,7 +32,7 @@ def callbacks(trainer: Namespace) -> list[Namespace]:
 
 
 def class_of(item: Namespace) -> type:
-    """The class a ``class_path`` namespace names (a logger's or a callback's)."""
+    """The class a ``class_path`` namespace names (a logger, a callback, a plugin, a sampler, ...)."""
     module, _, name = str(item.class_path).rpartition(".")
     return getattr(importlib.import_module(module), name)
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from ..files import Partial
+
 PLOTS = {
     "history": optuna.visualization.plot_optimization_history,
     "importances": optuna.visualization.plot_param_importances,
@@ -43,7 +45,8 @@ def write_best_config(study: optuna.Study, output_dir: Path) -> Path | None:
         return None
     trial, path = best[0], output_dir / "best.yaml"
     config = (Path(trial.user_attrs["run_dir"]) / "config.yaml").read_text()
-    path.write_text(f"# Study {study.study_name}, trial {trial.number}: {trial.value}\n{config}")
+    with Partial(path) as partial:
+        partial.write_text(f"# Study {study.study_name}, trial {trial.number}: {trial.value}\n{config}")
     return path
 
 

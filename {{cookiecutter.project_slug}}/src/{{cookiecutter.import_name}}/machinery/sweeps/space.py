@@ -5,8 +5,8 @@
     metric: val/top1
     direction: maximize
     n_trials: 20
-    sampler: {class_name: TPESampler, init_args: {seed: 0}}        # an optuna.samplers class, or a dotted path
-    pruner: {class_name: MedianPruner, init_args: {n_warmup_steps: 2}}  # an optuna.pruners class, or a dotted path
+    sampler: {class_path: TPESampler, init_args: {seed: 0}}        # an optuna.samplers class, or a dotted path
+    pruner: {class_path: MedianPruner, init_args: {n_warmup_steps: 2}}  # an optuna.pruners class, or a dotted path
     space:
       model.optimizer.init_args.lr: {type: float, low: 0.01, high: 0.5, log: true}
       data.cutout: {type: int, low: 0, high: 12, step: 4}
@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,34 +22,33 @@ from typing import Any, Literal
 
 import optuna
 import yaml
+from jsonargparse import ArgumentParser, Namespace
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from ..errors import UsageError
+from ..errors import UsageError, parse_error_line
+from ..loggers import class_of
 
 DISTRIBUTIONS = {"float": FloatDistribution, "int": IntDistribution, "categorical": CategoricalDistribution}
-SPEC_KEYS = {"metric", "direction", "n_trials", "sampler", "pruner", "space"}
+Direction = Literal["maximize", "minimize"]
 
 
-def _optuna_object(module: Any, spec: Any, what: str) -> Any:
-    """``{class_name: X, init_args: {...}}`` (or just ``X``) as an instance of ``module.X``."""
-    if spec is None:
+def sweep_file_parser() -> ArgumentParser:
+    """The sweep file's keys and types; sampler and pruner in the ``class_path``/``init_args`` of every config."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--metric", type=str, required=True, help="the logged metric to optimize, e.g. val/top1")
+    parser.add_argument("--direction", type=Direction, required=True, help="maximize or minimize the metric")
+    parser.add_argument("--n_trials", type=int | None, default=None, help="trials the study should have")
+    parser.add_argument("--sampler", type=optuna.samplers.BaseSampler | None, default=None, help="an Optuna sampler")
+    parser.add_argument("--pruner", type=optuna.pruners.BasePruner | None, default=None, help="an Optuna pruner")
+    parser.add_argument("--space", type=dict[str, dict[str, Any]], required=True, help="dotted key -> distribution")
+    return parser
+
+
+def _build(settings: Namespace | None) -> Any:
+    """A new object from its parsed ``class_path``/``init_args`` (a constructor's refusal keeps its own words)."""
+    if settings is None:
         return None
-    if isinstance(spec, str):
-        spec = {"class_name": spec}
-    name, args = str(spec.get("class_name")), spec.get("init_args") or {}
-    if "." in name:  # your own, by import path
-        module_name, _, name = name.rpartition(".")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            raise UsageError(f"{what}: cannot import {module_name} ({error}); check the class_name") from None
-    kind = getattr(module, name, None)
-    if not isinstance(kind, type):
-        raise UsageError(f"{what}: {name!r} is not a class of {module.__name__}; name one, e.g. TPESampler")
-    try:
-        return kind(**args)
-    except (TypeError, ValueError) as error:
-        raise UsageError(f"{what}: {name}({args}): {error}; fix its init_args") from error
+    return class_of(settings)(**(settings.get("init_args") or Namespace()).as_dict())
 
 
 @dataclass
@@ -62,8 +60,7 @@ class SweepSpec:
     direction: Literal["maximize", "minimize"]
     space: dict[str, BaseDistribution]
     n_trials: int | None = None
-    sampler: dict | str | None = None
-    pruner: dict | str | None = None
+    parsed: Namespace | None = None  # the file as parsed: the sampler and pruner are built anew from it for each study
 
     @classmethod
     def read(cls, path: Path) -> SweepSpec:
@@ -77,23 +74,21 @@ class SweepSpec:
             raise UsageError(f"{where} is not valid YAML ({str(error).splitlines()[0]}); fix it") from None
         if not isinstance(data, dict):
             raise UsageError(f"{where} must be a mapping with metric, direction and space; see configs/sweeps/")
-        unknown = sorted(set(data) - SPEC_KEYS)
-        if unknown:
-            raise UsageError(f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(SPEC_KEYS))}")
-        for key in ("metric", "direction", "space"):
-            if key not in data:
-                raise UsageError(f"{where} has no {key}; add it (see configs/sweeps/)")
-        if data["direction"] not in ("maximize", "minimize"):
-            raise UsageError(f"{where}: direction must be maximize or minimize, not {data['direction']!r}")
-        n_trials = data.get("n_trials")
-        if n_trials is not None and (not isinstance(n_trials, int) or n_trials < 1):
+        try:
+            parsed = sweep_file_parser().parse_object(data)
+        except Exception as error:  # jsonargparse's report on the key and value it refused
+            raise UsageError(f"{where}: {parse_error_line(str(error))}; fix it (see configs/sweeps/)") from None
+        n_trials = parsed.n_trials
+        if n_trials is not None and n_trials < 1:
             raise UsageError(f"{where}: n_trials must be a positive whole number, not {n_trials!r}")
-        if not isinstance(data["space"], dict) or not data["space"]:
+        if not parsed.space:
             raise UsageError(f"{where}: space must map dotted config keys to distributions")
-        space = {key: cls._distribution(where, key, spec) for key, spec in data["space"].items()}
-        sampler, pruner = data.get("sampler"), data.get("pruner")
-        spec = cls(path, str(data["metric"]), data["direction"], space, n_trials, sampler, pruner)
-        spec.make_sampler(), spec.make_pruner()  # checked now, before any trial
+        space = {key: cls._distribution(where, key, spec) for key, spec in parsed.space.items()}
+        spec = cls(path, parsed.metric, parsed.direction, space, n_trials, parsed)
+        try:
+            spec.make_sampler(), spec.make_pruner()  # built now, before any trial: a constructor's own check
+        except (TypeError, ValueError) as error:
+            raise UsageError(f"{where}: {error}; fix the sampler's or the pruner's init_args") from None
         return spec
 
     @staticmethod
@@ -110,10 +105,10 @@ class SweepSpec:
             raise UsageError(f"{where}: space.{key}: {error}") from None
 
     def make_sampler(self) -> optuna.samplers.BaseSampler | None:
-        return _optuna_object(optuna.samplers, self.sampler, "sampler")
+        return _build(self.parsed.sampler)
 
     def make_pruner(self) -> optuna.pruners.BasePruner | None:
-        return _optuna_object(optuna.pruners, self.pruner, "pruner")
+        return _build(self.parsed.pruner)
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         """The trial's values, drawn by the sampler, by dotted key."""

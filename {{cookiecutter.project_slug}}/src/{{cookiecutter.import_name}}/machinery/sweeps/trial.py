@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from ..cli import TrainerCLI
 from ..errors import UserError
+from ..files import Partial
 from .space import SweepSpec, as_options
 
 RECORD = "sweep.json"  # in the run directory: the study and trial that ran it, and how it ended
@@ -45,7 +46,8 @@ class TrialRecord(L.Callback):
         path = self.run_dir / RECORD
         record = json.loads(path.read_text()) if path.is_file() else {}
         record.update(study=self.study_name, trial=self.trial.number, **fields)
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        with Partial(path) as partial:
+            partial.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def recorded_value(run_dir: Path) -> float | None:
