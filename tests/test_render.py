@@ -85,6 +85,7 @@ COMMON_FILES = {
     "tests/test_host_sync.py",
     "tests/test_model.py",
     "tests/test_predict.py",
+    "tests/test_private_routes.py",
     "tests/test_reproducibility.py",
     "tests/test_runs.py",
     "tests/test_sweep.py",

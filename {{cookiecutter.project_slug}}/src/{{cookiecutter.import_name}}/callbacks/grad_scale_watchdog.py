@@ -24,6 +24,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
+from .tensorboard import at_logging_step
+
 CAUSES = (
     "usual causes: a learning rate that is too high (lower model.optimizer.init_args.lr or lengthen the warm-up), "
     "a loss computed in fp16 instead of fp32, or a layer whose activations overflow fp16 (try bf16-mixed)"
@@ -109,7 +111,7 @@ class GradScaleWatchdog(L.Callback):
         self._count(skipped.to(torch.int64))
         # Charts only with a scaler (without one the count is flat zero until the run stops), and only at
         # the logger's steps: a self.log at every step costs more than a small network's step.
-        if scaler is not None and trainer._logger_connector.should_update_logs:
+        if scaler is not None and at_logging_step(trainer):
             pl_module.log("amp/scale", scale.float(), on_step=True, on_epoch=False)
             total = self._unread["skipped"] + self.skipped_steps
             pl_module.log("amp/skipped_steps", total.float(), on_step=True, on_epoch=False)

@@ -61,6 +61,7 @@ class Lookahead(L.Callback):
     def pull(self, decay: float) -> None:
         """Slow copy <- lerp(slow copy, weights, 1 - decay); weights <- slow copy (two fused kernels per dtype)."""
         slow, weights = self._pairs
+        # torch's multi-tensor kernels, which its own optimizers use; no public spelling exists (test_private_routes).
         torch._foreach_lerp_(slow, weights, 1.0 - decay)
         torch._foreach_copy_(weights, slow)
 

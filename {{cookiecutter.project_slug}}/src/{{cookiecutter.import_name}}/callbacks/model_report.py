@@ -62,7 +62,9 @@ class ModelReport(L.Callback):
             settings["data/images_per_step"] = data.batches.per_step
         for writer in tensorboard_writers(trainer, self, "the model's cost"):
             writer.add_text("model/cost", cost.describe(), trainer.global_step)
-            # Written as Lightning's TensorBoardLogger writes hparams, without logging metric values.
+            # Written as Lightning's TensorBoardLogger writes hparams, without logging metric values. The public
+            # add_hparams would write them into a new sub-run folder, apart from the run's scalars; the private
+            # file writer is Lightning's route too (tests/test_private_routes.py fails if an upgrade moves it).
             for summary in hparams(settings, dict.fromkeys(COMPARED_METRICS, 0.0)):
                 writer._get_file_writer().add_summary(summary)
         if cost.flops_per_image > self.warn_above_gflops * 1e9:

@@ -11,6 +11,8 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from .tensorboard import at_logging_step
+
 # What Throughput computes that is logged: per device, and over all devices under DDP.
 RATES = ("device/samples_per_sec", "device/batches_per_sec", "samples_per_sec", "batches_per_sec")
 
@@ -75,8 +77,7 @@ class ImageThroughput(L.Callback):
         self._batches += 1
         stepped = trainer.global_step != self._last_step  # not while gradients are still being accumulated
         self._last_step = trainer.global_step
-        # The steps Lightning's logger writes at (read here, after the optimizer step: global_step counts it).
-        if stepped and (trainer.global_step % trainer.log_every_n_steps == 0 or trainer.should_stop):
+        if stepped and at_logging_step(trainer):
             self._read_clock(self._now(trainer))
             rates = self._training.compute()
             logged = {f"train/{name}": rates[name] for name in RATES if name in rates}

@@ -85,7 +85,7 @@ class TrainerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for key in ("num_classes", "class_names", "mean", "std"):
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
-        for action in parser._actions:
+        for action in parser._actions:  # argparse's list; no public route to an action (test_private_routes)
             # The help names the project's networks (the docstring); jsonargparse would append every
             # nn.Module subclass that torch and torchvision define, some 600 lines.
             if action.dest == "model.backbone":
@@ -106,7 +106,11 @@ class TrainerCLI(LightningCLI):
 
     @override
     def _parse_ckpt_path(self) -> None:
-        """Decide the run (and the checkpoint file behind ``last``) before anything is built or written."""
+        """Decide the run (and the checkpoint file behind ``last``) before anything is built or written.
+
+        LightningCLI's own step between parsing and building (protected; its place in ``__init__`` is
+        checked by tests/test_private_routes.py), where it reads the checkpoint's hyperparameters.
+        """
         subcommand = self.config.get("subcommand")  # self.subcommand is set only after this runs
         if subcommand is None:  # run=False: nothing is resumed or written
             self.run = None

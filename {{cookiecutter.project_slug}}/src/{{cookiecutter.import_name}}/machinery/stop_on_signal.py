@@ -113,7 +113,9 @@ class StopOnSignal(L.Callback):
 
     def _stop(self, trainer: L.Trainer, reason: int) -> None:
         self.agreed = reason
-        # The flag Lightning's SIGTERM handler sets: the loop raises its stop at the end of this batch.
+        # The flag Lightning's SIGTERM handler sets: the loop raises its stop at the end of this batch. Private, with
+        # no public route (trainer.received_sigterm only reads it; should_stop would end as if finished, without the
+        # exception that writes last.ckpt); tests/test_private_routes.py fails if an upgrade moves it.
         trainer._signal_connector.received_sigterm = True
 
     @override

@@ -76,7 +76,9 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
         lines.append(f"TensorBoard: tensorboard --logdir {Path(trainer.logger.save_dir)}")
     for logger in trainer.loggers:
         if isinstance(logger, MLFlowLogger):
-            lines.append(f"MLflow: run {logger.run_id}; mlflow ui --backend-store-uri {logger._tracking_uri}")
+            import mlflow  # installed: the logger needs it; the logger set its URI as mlflow's when it started the run
+
+            lines.append(f"MLflow: run {logger.run_id}; mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
     return "\n".join(lines)
 
 
