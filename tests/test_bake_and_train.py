@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 # The only reasons a rendered test may be skipped: no GPU, no browser for the TensorBoard pages.
 ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium")
 RENDERS = [
-    pytest.param(({"project_name": "Baked Default"}, [], 2700), id="defaults"),
+    pytest.param(({"project_name": "Baked Default"}, ["-m", "slow or not slow"], 2700), id="defaults"),
     pytest.param(
         (
             {"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"},
