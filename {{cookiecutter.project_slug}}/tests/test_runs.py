@@ -101,6 +101,22 @@ BAD_INPUTS = [
     ("bad-value", ["--model.lr_schedule.warmup_fraction=2"], 2, "model.lr_schedule.warmup_fraction"),
     ("network-without-num-classes", ["--model.backbone=torch.nn.Identity"], 2, "model.backbone Identity("),
     ("output-not-a-folder", ["--trainer.logger.init_args.save_dir=a_file/runs"], 1, "save_dir"),
+    # What resume rests on cannot be listed again, replaced or switched off (machinery/guarantees.py).
+    (
+        "installed-callback-listed",
+        ["--trainer.callbacks+={{ cookiecutter.import_name }}.machinery.random_state.RandomState"],
+        2,
+        "RandomState is installed by the project",
+    ),
+    ("checkpoint-writer-replaced", ["--trainer.plugins=lightning.pytorch.plugins.TorchCheckpointIO"], 2, "plugins"),
+    (
+        "own-last-ckpt-writer",
+        ['--trainer.callbacks+={"class_path": "ModelCheckpoint", "init_args": {"save_last": true}}'],
+        2,
+        "last.ckpt",
+    ),
+    ("checkpointing-off", ["--trainer.enable_checkpointing=false"], 2, "trainer.enable_checkpointing"),
+    ("bad-requeue-signal", ["--safety.requeue_signal=SIGKILL", "--trainer.max_epochs=2"], 2, "safety.requeue_signal"),
     (
         "extension-failing-before-its-first-step",
         ["--ckpt_path=last", "--trainer.max_epochs=2", "--allow_config_change=true", "--data.val_size=100000"],
