@@ -11,7 +11,7 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from .tensorboard import at_logging_step
+from .tensorboard import at_logging_step, metrics_step
 
 # What Throughput computes that is logged: per device, and over all devices under DDP.
 RATES = ("device/samples_per_sec", "device/batches_per_sec", "samples_per_sec", "batches_per_sec")
@@ -54,6 +54,13 @@ class ImageThroughput(L.Callback):
             torch.cuda.synchronize()  # what was queued is part of the time
         return time.perf_counter()
 
+    @staticmethod
+    def _log(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+        """Straight to the loggers, as Lightning's monitor does: a rate is not a result (not in callback_metrics)."""
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=metrics_step(trainer))
+
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._training = Throughput(window_size=self.window_size, world_size=trainer.world_size)
@@ -82,7 +89,7 @@ class ImageThroughput(L.Callback):
             rates = self._training.compute()
             logged = {f"train/{name}": rates[name] for name in RATES if name in rates}
             if logged:  # once the window holds two readings
-                pl_module.log_dict(logged, on_step=True, on_epoch=False, rank_zero_only=True)
+                self._log(trainer, logged)
 
     @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -111,6 +118,6 @@ class ImageThroughput(L.Callback):
             "val/device/samples_per_sec": self._validation_images / seconds,
             "val/device/batches_per_sec": self._validation_batches / seconds,
         }
-        pl_module.log_dict(rates, on_step=False, on_epoch=True, rank_zero_only=True)
+        self._log(trainer, rates)
         if trainer.state.fn == TrainerFn.FITTING:
             self._stretch_start = now  # training resumes; the validation's time stays out of its rate
