@@ -70,6 +70,7 @@ def test_fit_writes_checkpoints_logs_and_config(trained):
     assert config["trainer"]["logger"]["init_args"]["version"] is None and config["ckpt_path"] is None
 
 
+@pytest.mark.slow  # a process start; test_runs.py's table of mistakes holds it too
 def test_same_command_again_refuses_to_start_over(trained):
     root, run_dir, _ = trained
     before = sorted(p.name for p in run_dir.rglob("*"))
@@ -113,10 +114,19 @@ def test_validate_and_predict_a_checkpoint(trained, monkeypatch):
     assert torch.allclose(probabilities.sum(dim=1), torch.ones(64), atol=1e-5)
 
 
-def test_print_config_shows_the_resolved_config(tmp_path):
+def main_output(tmp_path, monkeypatch, capsys, *args: str) -> str:
+    """``main.py ARGS`` in this process (no interpreter start), for commands that print and exit."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["main.py"])
+    with pytest.raises(SystemExit) as exited:
+        main(default_config(), list(args))
+    assert exited.value.code in (0, None)
+    return capsys.readouterr().out
+
+
+def test_print_config_shows_the_resolved_config(tmp_path, monkeypatch, capsys):
     args = ("--config", str(default_config()), "--model.backbone=FastCNN", "--model.backbone.width=8", "--print_config")
-    result = run_cli("fit", *args, cwd=tmp_path)
-    config = yaml.safe_load(result.stdout)
+    config = yaml.safe_load(main_output(tmp_path, monkeypatch, capsys, "fit", *args))
     assert config["model"]["backbone"]["init_args"]["width"] == 8
     assert config["data"]["dataset"] == "{{ cookiecutter.dataset }}"
     assert "num_classes" not in config["model"]  # linked from the data, not typed twice
@@ -131,7 +141,6 @@ def test_every_option_can_come_from_the_environment_and_the_command_line_wins(tm
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["trainer"]["limit_train_batches"] == 3 and config["trainer"]["max_epochs"] == 1
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
-    assert "ENV:   PL_FIT__TRAINER__NUM_NODES" in run_cli("fit", "--help", cwd=tmp_path).stdout
 
 
 @pytest.mark.parametrize(
@@ -190,6 +199,7 @@ def test_slurm_script_is_valid_bash():
     assert "--config configs/presets/ddp.yaml" in script.read_text()
 
 
+@pytest.mark.slow  # two process starts; the quick tier checks an own network's contract in test_model.py
 def test_an_own_network_plugs_in_through_the_config_alone(tmp_path):
     write_tiny_archive(tmp_path / "data")
     own = [f"--model.backbone={TinyNet.__module__}.TinyNet", "--model.backbone.hidden=6"]
@@ -215,12 +225,14 @@ def test_an_own_network_plugs_in_through_the_config_alone(tmp_path):
     assert "\n" not in str(refused.value)
 
 
-def test_help_names_the_parts_and_documents_their_options(tmp_path):
-    text = " ".join(run_cli("fit", "--help", cwd=tmp_path).stdout.split())  # unwrapped
+def test_help_names_the_parts_and_documents_their_options(tmp_path, monkeypatch, capsys):
+    help_text = main_output(tmp_path, monkeypatch, capsys, "fit", "--help")
+    assert "ENV:   PL_FIT__TRAINER__NUM_NODES" in help_text  # what a launcher may set instead of a file
+    text = " ".join(help_text.split())  # unwrapped
     assert "(models/backbones.py: FastCNN, AirBench, CifarResNet; or your own nn.Module)" in text
     assert "torchvision.models" not in text  # not every nn.Module torchvision defines
     assert "(models/schedules.py: OneCycle, WarmupCosine, Triangle, Constant;" in text
-    part = " ".join(run_cli("fit", "--model.backbone.help", "AirBench", cwd=tmp_path).stdout.split())
+    part = " ".join(main_output(tmp_path, monkeypatch, capsys, "fit", "--model.backbone.help", "AirBench").split())
     assert "--model.backbone.width WIDTH Channels of the first group" in part
 
 

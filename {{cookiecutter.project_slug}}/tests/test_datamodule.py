@@ -203,6 +203,7 @@ def test_a_worker_loader_reads_its_order_at_the_first_batch_from_the_trainers_ep
     assert torch.equal(torch.cat([ids for _, _, ids in iterator]), expected[1])
 
 
+@pytest.mark.slow  # loader workers start and stop for each loader
 def test_making_and_reading_loaders_leaves_the_global_random_stream_alone(data_dir):
     dm = ready(data_dir, batch_size=16, val_size=32)
     before = torch.get_rng_state()

@@ -84,7 +84,7 @@ def trained(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def exported(trained) -> Path:
-    """``python export.py --ckpt_path .../last.ckpt --data_dir data``, as docs/shipping.md shows it; returns the folder."""
+    """``python export.py --ckpt_path .../last.ckpt --data_dir data`` (docs/shipping.md); returns the folder."""
     result = run_export("--ckpt_path", str(trained), "--data_dir", "data", cwd=trained.parents[4])
     assert result.returncode == 0, result.stderr
     return trained.parent / "export"
@@ -178,6 +178,7 @@ def without_recorded_data(trained: Path, tmp_path: Path) -> Path:
     return moved
 
 
+@pytest.mark.slow  # the quick tier keeps one end-to-end export; this one runs with -m slow
 def test_onnx_and_pt2_need_no_data(trained, tmp_path):
     checkpoint = without_recorded_data(trained, tmp_path)
     result = run_export("--ckpt_path", str(checkpoint), "--formats", "onnx,pt2", cwd=tmp_path)
@@ -189,6 +190,7 @@ def test_onnx_and_pt2_need_no_data(trained, tmp_path):
     assert "accuracy not measured" in result.stdout
 
 
+@pytest.mark.slow  # the quick tier keeps one end-to-end export; this one runs with -m slow
 def test_int8_without_the_data_is_one_line_and_writes_nothing(trained, tmp_path):
     checkpoint = without_recorded_data(trained, tmp_path)
     before = snapshot(tmp_path)
@@ -199,6 +201,7 @@ def test_int8_without_the_data_is_one_line_and_writes_nothing(trained, tmp_path)
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow  # the quick tier keeps one end-to-end export; this one runs with -m slow
 def test_an_int8_model_that_loses_too_much_is_not_written_and_an_earlier_export_stays(trained, exported):
     before = snapshot(exported)
     # Into the folder of the earlier export. Calibrated on a single image with symmetric ranges, the int8
@@ -212,6 +215,7 @@ def test_an_int8_model_that_loses_too_much_is_not_written_and_an_earlier_export_
     assert snapshot(exported) == before  # the earlier files byte for byte, no partial file
 
 
+@pytest.mark.slow  # the quick tier keeps one end-to-end export; this one runs with -m slow
 def test_failed_parity_exits_1_says_by_how_much_and_leaves_nothing(trained, tmp_path):
     result = run_export("--ckpt_path", str(trained), "--output_dir", str(tmp_path / "a" / "b"), "--formats", "onnx",
                         "--tolerance", "1e-12", "--eval_limit", "0", cwd=tmp_path)  # fmt: skip
@@ -285,7 +289,7 @@ EVERY_BACKBONE = {
     "airbench": partial(AirBench, width=16),
     **{f"resnet{depth}": partial(CifarResNet, depth=depth) for depth in (18, 34, 50)},
 }
-DEEP = {"resnet34", "resnet50"}
+DEEP = {"resnet18", "resnet34", "resnet50"}  # the quick tier keeps one network of each design
 
 
 @pytest.mark.parametrize(

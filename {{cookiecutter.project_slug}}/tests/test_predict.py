@@ -70,7 +70,14 @@ def test_predict_on_own_images_needs_no_cifar_archive_and_takes_upper_case_names
     assert not (trained / "no_cifar_here").exists()
 
 
-@pytest.mark.parametrize("problem", ["empty-folder", "not-a-folder", "missing"])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "missing",
+        pytest.param("empty-folder", marks=pytest.mark.slow),  # the quick tier keeps one: a process start each
+        pytest.param("not-a-folder", marks=pytest.mark.slow),
+    ],
+)
 def test_a_predict_folder_without_images_is_one_line_and_leaves_nothing(trained, problem):
     target = trained / f"bad-{problem}"
     if problem == "empty-folder":

@@ -33,7 +33,12 @@ from .conftest import (
     write_tiny_archive,
 )
 
-pytestmark = pytest.mark.slow  # each test runs several trials, some in parallel workers
+sys.path.insert(0, str(PROJECT_ROOT))
+import sweep as sweep_command_line  # the project's sweep.py, run in this process by the quick test
+
+# The tests that start worker processes are marked slow; the quick tier parses sweep files and runs one
+# trial in this process.
+SLOW = pytest.mark.slow
 
 TRIAL_OPTIONS = [*FAST_ARGS, "--data.data_dir=data", "--trainer.max_epochs=2"]
 SPACE = {
@@ -69,6 +74,20 @@ def test_the_sweep_file_is_parsed_like_every_config(tmp_path, changes, named):
     assert spec.make_pruner() is not spec.make_pruner()  # a fresh one for each study
 
 
+@pytest.mark.filterwarnings("ignore:The number of trials is too small to compute importances:UserWarning")
+def test_one_trial_in_process_writes_its_run_the_study_and_the_best_config(tmp_path, monkeypatch, capsys):
+    write_tiny_archive(tmp_path / "data")
+    spec = write_sweep(tmp_path / "one.yaml")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["sweep.py"])
+    assert sweep_command_line.main(["--sweep", str(spec), "--n_trials", "1", *TRIAL_OPTIONS]) == 0
+    (trial,) = load(tmp_path, "one").trials
+    assert trial.state == TrialState.COMPLETE and (tmp_path / trial.user_attrs["run_dir"] / "sweep.json").is_file()
+    best = tmp_path / "runs" / "sweeps" / "one" / "best.yaml"
+    assert yaml.safe_load(best.read_text())["model"]["label_smoothing"] == trial.params["model.label_smoothing"]
+    assert f"Best config: {best.relative_to(tmp_path)}" in capsys.readouterr().out
+
+
 def sweep_command(*args: str) -> list[str]:
     return [sys.executable, str(PROJECT_ROOT / "sweep.py"), *args]
 
@@ -84,6 +103,7 @@ def load(root: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{root / 'runs' / 'sweeps.db'}")
 
 
+@SLOW
 def test_a_sweep_trains_trials_as_runs_prunes_and_writes_the_best_config(tmp_path):
     write_tiny_archive(tmp_path / "data")
     spec = write_sweep(tmp_path / "lr.yaml", pruner="tests.probes.PruneLaterTrials")
@@ -123,6 +143,7 @@ def test_a_sweep_trains_trials_as_runs_prunes_and_writes_the_best_config(tmp_pat
     assert "Trial " not in again.stdout and len(load(tmp_path, "lr").trials) == 3
 
 
+@SLOW
 def test_two_workers_share_a_study_and_never_run_the_same_trial(tmp_path):
     write_tiny_archive(tmp_path / "data")
     spec = write_sweep(tmp_path / "shared.yaml")
@@ -144,6 +165,7 @@ def test_two_workers_share_a_study_and_never_run_the_same_trial(tmp_path):
     assert started[0] and started[1]  # both took part
 
 
+@SLOW
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # Optuna's retry bookkeeping
 def test_a_killed_worker_leaves_no_trial_running_and_its_trial_resumes(tmp_path):
     write_tiny_archive(tmp_path / "data")
@@ -165,6 +187,7 @@ def test_a_killed_worker_leaves_no_trial_running_and_its_trial_resumes(tmp_path)
     assert f"(resumed from {retry.user_attrs['run_dir']}/checkpoints/last.ckpt)" in restarted.stdout
 
 
+@SLOW
 def test_a_bad_sweep_file_is_one_line_before_any_trial(tmp_path):
     write_tiny_archive(tmp_path / "data")
     cases = {
@@ -182,6 +205,7 @@ def test_a_bad_sweep_file_is_one_line_before_any_trial(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing was started, not even a study
 
 
+@SLOW
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_an_array_task_warned_by_slurm_requeues_itself_and_its_trial(tmp_path):
     bin_dir, submit_dir = slurm_stand_ins(tmp_path)
