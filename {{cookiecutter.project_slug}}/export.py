@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, exit_with
@@ -29,16 +30,20 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     add = parser.add_argument
     add("--ckpt_path", type=Path, required=True, help="checkpoint written by main.py fit")
     add("--output_dir", type=Path, help="folder for the files (default: export/ beside the checkpoint)")
-    add("--formats", type=formats, default=FORMATS, help=f"comma-separated, of {','.join(FORMATS)} (default: all)")
+    add("--formats", type=formats, help=f"comma-separated, of {','.join(FORMATS)} (default: all)")
     add("--data_dir", type=Path, help="folder with the run's archive or its cache (default: the run's data.data_dir)")
-    add("--calibration_images", type=int, default=512, help="training images that calibrate int8 (default: 512)")
-    add("--calibration_method", choices=CALIBRATION_METHODS, default="minmax", help="int8 activation ranges")
+    add("--calibration_images", type=int, help="training images that calibrate int8 (default: %(default)s)")
+    add("--calibration_method", choices=CALIBRATION_METHODS, help="int8 activation ranges (default: %(default)s)")
     add("--int8_symmetric", action="store_true", help="symmetric int8 activations, as TensorRT needs them")
-    add("--max_int8_drop", type=float, default=1.0, help="most top-1 points int8 may lose against fp32 (default: 1)")
+    add("--max_int8_drop", type=float, help="most top-1 points int8 may lose against fp32 (default: %(default)s)")
     add("--eval_limit", type=int, help="evaluate the first N test images only (default: the whole split; 0: none)")
-    add("--eval_batch_size", type=int, default=256, help="images per evaluation batch")
-    add("--opset", type=int, default=None, help="ONNX opset (default: the exporter's, at least 18)")
-    add("--tolerance", type=float, default=1e-4, help="max |logit difference| of fp32 files against PyTorch")
+    add("--eval_batch_size", type=int, help="images per evaluation batch (default: %(default)s)")
+    add("--opset", type=int, help="ONNX opset (default: the exporter's, at least 18)")
+    add("--tolerance", type=float, help="max |logit difference| of fp32 files against PyTorch (default: %(default)s)")
+    # The defaults are ExportOptions' own, stated once there.
+    parser.set_defaults(
+        **{field.name: field.default for field in fields(ExportOptions) if field.default is not MISSING}
+    )
     return ExportOptions(**vars(parser.parse_args(argv)))
 
 

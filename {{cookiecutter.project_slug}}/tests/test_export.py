@@ -18,11 +18,11 @@ from torchvision import datasets
 from torchvision.datasets import cifar
 
 from {{ cookiecutter.import_name }}.data.cifar_format import write_archive
+from {{ cookiecutter.import_name }}.machinery.export.contract import sample_images
 from {{ cookiecutter.import_name }}.machinery.export.evaluation import measure_parity, onnx_predictor, torch_predictor
 from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
 from {{ cookiecutter.import_name }}.machinery.export.program import export_program, load_program
 from {{ cookiecutter.import_name }}.machinery.export.quantize import Calibration, quantize_int8
-from {{ cookiecutter.import_name }}.machinery.export.source import sample_images
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import AirBench, CifarResNet, FastCNN
 from {{ cookiecutter.import_name }}.models.cost import model_cost, thop_macs_and_params, torch_flops

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{ cookiecutter.import_name }}.machinery.export.contract import INPUT_NAME, OUTPUT_NAME, sample_images
 from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
-from {{ cookiecutter.import_name }}.machinery.export.source import INPUT_NAME, OUTPUT_NAME, sample_images
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import FastCNN
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from ...models import ImageClassifier
 from ...models.cost import model_cost
+from .errors import ExportCheckError, ExportError
 from .evaluation import (
     Accuracy,
     Parity,
@@ -30,11 +31,11 @@ from .evaluation import (
     torch_predictor,
 )
 from .model_card import CARD_JSON, CARD_MARKDOWN, build_card, write_card
+from .model_loading import load_model
 from .onnx_export import export_onnx
 from .program import export_program, load_program
 from .quantize import Calibration, CalibrationMethodName, calibration_images, quantize_int8
 from .run_data import MissingDataError, RunData, load_run_data
-from .source import ExportCheckError, ExportError, load_model
 from .staging import StagedFiles
 
 Format = Literal["onnx", "int8", "pt2"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .source import INPUT_NAME, OUTPUT_NAME, sample_images
+from .contract import INPUT_NAME, OUTPUT_NAME, sample_images
 
 # uint8 images (N, 3, 32, 32) -> float32 logits (N, classes)
 Predictor = Callable[[np.ndarray], np.ndarray]

@@ -8,8 +8,8 @@ from pathlib import Path
 from ...models import ImageClassifier
 from ...models.cost import ModelCost
 from ...models.test_time import TestTimeAugmentation
+from .contract import INPUT_NAME, OUTPUT_NAME
 from .evaluation import describe_parity
-from .source import INPUT_NAME, OUTPUT_NAME
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from ...models import ImageClassifier
-from .source import INPUT_NAME, OUTPUT_NAME, ExportError, dynamic_batch, sample_images
+from .contract import INPUT_NAME, OUTPUT_NAME, dynamic_batch, sample_images
+from .errors import ExportError
 
 
 def export_onnx(model: ImageClassifier, output: Path, opset: int | None = None) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from ...models import ImageClassifier
-from .source import ExportError, dynamic_batch, sample_images
+from .contract import dynamic_batch, sample_images
+from .errors import ExportError
 
 
 def export_program(model: ImageClassifier, output: Path) -> None:

@@ -26,7 +26,8 @@ import numpy as np
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from .source import INPUT_NAME, ExportCheckError
+from .contract import INPUT_NAME
+from .errors import ExportCheckError
 
 CalibrationMethodName = Literal["minmax", "percentile", "entropy"]
 CALIBRATION_METHODS: tuple[str, ...] = get_args(CalibrationMethodName)

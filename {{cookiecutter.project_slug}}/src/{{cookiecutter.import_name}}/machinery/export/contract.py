@@ -1,0 +1,26 @@
+"""The contract every exported file keeps, and the sample inputs that trace and check it.
+
+Every artifact takes what a deployment has: uint8 RGB images, NCHW, shape (batch, 3, 32, 32),
+pixel values 0-255, with the normalization inside; it returns float32 logits (batch, classes).
+"""
+
+from __future__ import annotations
+
+import torch
+
+INPUT_NAME, OUTPUT_NAME = "images", "logits"
+MAX_BATCH = 4096
+
+
+def dynamic_batch() -> dict[str, dict[int, torch.export.Dim]]:
+    """The one dynamic dimension of every exported graph, keyed by the forward() argument's name."""
+    return {"images": {0: torch.export.Dim("batch", min=1, max=MAX_BATCH)}}
+
+
+def sample_images(batch: int, seed: int = 0) -> torch.Tensor:
+    """Deterministic, natural-looking uint8 images: smooth colour fields plus a little noise."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(batch, 3, 4, 4, generator=generator) * 255
+    smooth = torch.nn.functional.interpolate(coarse, size=(32, 32), mode="bilinear", align_corners=False)
+    noise = torch.randn(batch, 3, 32, 32, generator=generator) * 8
+    return (smooth + noise).clamp(0, 255).to(torch.uint8)
