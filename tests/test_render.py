@@ -214,10 +214,10 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
 
 def test_names_are_derived_and_overridable(bake):
     derived = bake(project_name="Deep Birds 2")
-    assert derived.name == "deep-birds-2" and (derived / "src" / "deep_birds_2" / "cli.py").is_file()
+    assert derived.name == "deep-birds-2" and (derived / "src" / "deep_birds_2" / "machinery" / "cli.py").is_file()
     chosen = bake(output="other", project_name="Deep Birds 2", project_slug="birds", import_name="aves")
-    assert chosen.name == "birds" and (chosen / "src" / "aves" / "cli.py").is_file()
-    assert "from aves.cli import main" in (chosen / "main.py").read_text()
+    assert chosen.name == "birds" and (chosen / "src" / "aves" / "machinery" / "cli.py").is_file()
+    assert "from aves.machinery.cli import main" in (chosen / "main.py").read_text()
     pyproject = (chosen / "pyproject.toml").read_text()
     assert 'name = "birds"' in pyproject
 

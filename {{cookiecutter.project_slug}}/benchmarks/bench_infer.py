@@ -31,9 +31,13 @@ from {{ cookiecutter.import_name }}.data.archive import prepare
 from {{ cookiecutter.import_name }}.data.cifar_format import FORMATS
 from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.machinery.export.evaluation import onnx_predictor
-from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
-from {{ cookiecutter.import_name }}.machinery.export.quantize import Calibration, calibration_images, quantize_int8
 from {{ cookiecutter.import_name }}.machinery.export.model_loading import load_model
+from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
+from {{ cookiecutter.import_name }}.machinery.export.quantize import (
+    Calibration,
+    calibration_images,
+    quantize_int8,
+)
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"

@@ -19,7 +19,11 @@ from torchvision.datasets import cifar
 
 from {{ cookiecutter.import_name }}.data.cifar_format import write_archive
 from {{ cookiecutter.import_name }}.machinery.export.contract import sample_images
-from {{ cookiecutter.import_name }}.machinery.export.evaluation import measure_parity, onnx_predictor, torch_predictor
+from {{ cookiecutter.import_name }}.machinery.export.evaluation import (
+    measure_parity,
+    onnx_predictor,
+    torch_predictor,
+)
 from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
 from {{ cookiecutter.import_name }}.machinery.export.program import export_program, load_program
 from {{ cookiecutter.import_name }}.machinery.export.quantize import Calibration, quantize_int8

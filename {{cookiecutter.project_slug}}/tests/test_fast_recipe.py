@@ -6,7 +6,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
-from {{ cookiecutter.import_name }}.machinery.export.evaluation import measure_parity, onnx_predictor, torch_predictor
+from {{ cookiecutter.import_name }}.machinery.export.evaluation import (
+    measure_parity,
+    onnx_predictor,
+    torch_predictor,
+)
 from {{ cookiecutter.import_name }}.machinery.export.model_loading import load_model
 from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
 from {{ cookiecutter.import_name }}.models.backbones import AirBench, PatchWhitening
