@@ -82,6 +82,7 @@ COMMON_FILES = {
     "tests/test_export.py",
     "tests/test_fast_recipe.py",
     "tests/test_gpu.py",
+    "tests/test_guarantees.py",
     "tests/test_host_sync.py",
     "tests/test_model.py",
     "tests/test_predict.py",

@@ -1,0 +1,86 @@
+"""What the CLI installs whatever the config's lists say, and the line a stopped run ends with (in this process)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from jsonargparse import Namespace
+
+from {{ cookiecutter.import_name }}.machinery.checkpoint_io import AtomicCheckpointIO
+from {{ cookiecutter.import_name }}.machinery.ending import exit_status, stopped_message
+from {{ cookiecutter.import_name }}.machinery.errors import UsageError
+from {{ cookiecutter.import_name }}.machinery.guarantees import LastCheckpoint, Safety, check_user_parts
+from {{ cookiecutter.import_name }}.machinery.random_state import RandomState
+from {{ cookiecutter.import_name }}.machinery.stop_on_signal import StopOnSignal
+
+
+def namespaces(items: list[dict] | None) -> list[Namespace] | None:
+    return None if items is None else [Namespace(item) for item in items]
+
+
+def trainer_config(callbacks: list[dict] | None = None, plugins: list[dict] | None = None, **keys: object) -> Namespace:
+    """A parsed ``trainer`` section as the CLI checks it: class_path/init_args namespaces."""
+    return Namespace(callbacks=namespaces(callbacks), plugins=namespaces(plugins), **keys)
+
+
+CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
+RANDOM_STATE = f"{RandomState.__module__}.{RandomState.__name__}"
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (trainer_config([{"class_path": RANDOM_STATE}]), "RandomState"),
+        (trainer_config([{"class_path": CHECKPOINT, "init_args": Namespace(filename="last")}]), "filename last"),
+        (trainer_config([{"class_path": CHECKPOINT, "init_args": Namespace(save_last=True)}]), "save_last"),
+        (trainer_config(plugins=[{"class_path": "lightning.pytorch.plugins.TorchCheckpointIO"}]), "TorchCheckpointIO"),
+        (trainer_config(enable_checkpointing=False), "enable_checkpointing"),
+    ],
+    ids=["installed-class-again", "filename-last", "save-last", "checkpoint-writer", "checkpointing-off"],
+)
+def test_a_list_that_contradicts_what_resume_rests_on_is_refused(config, named):
+    with pytest.raises(UsageError, match=named):
+        check_user_parts(config)
+
+
+def test_a_users_own_checkpoints_and_plugins_are_welcome():
+    best = {"class_path": CHECKPOINT, "init_args": Namespace(monitor="val/loss", filename="best-{epoch}")}
+    elsewhere = {"class_path": CHECKPOINT, "init_args": Namespace(filename="last", dirpath="/backups")}
+    environment = {"class_path": "lightning.pytorch.plugins.environments.LightningEnvironment"}
+    check_user_parts(trainer_config([best, elsewhere], [environment]))
+
+
+def test_the_installed_callbacks_write_last_ckpt_by_epoch_and_optionally_by_step(tmp_path):
+    by_epoch = Safety().callbacks(tmp_path)
+    assert [type(callback) for callback in by_epoch] == [StopOnSignal, RandomState, LastCheckpoint]
+    assert by_epoch[-1].dirpath == str(tmp_path / "checkpoints") and by_epoch[-1].save_on_exception
+    both = Safety(last_every_n_train_steps=50).callbacks(tmp_path)
+    assert [callback._every_n_train_steps for callback in both[2:]] == [0, 50]
+
+
+def stopped(tmp_path: Path, writer: AtomicCheckpointIO, cause: signal.Signals | None) -> str:
+    run = SimpleNamespace(directory=tmp_path / "run")
+    return stopped_message(SimpleNamespace(global_step=63), run, writer, cause)
+
+
+def test_the_stop_line_names_the_checkpoint_it_wrote_or_says_none_was(tmp_path):
+    writer, last = AtomicCheckpointIO(), tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert stopped(tmp_path, writer, signal.SIGTERM) == (
+        "Stopped by SIGTERM at step 63; nothing was saved, so there is nothing to resume: run the command again to "
+        "start over"
+    )
+    writer.save_checkpoint({"global_step": 40, "state_dict": {}}, last)  # an earlier save of this session ...
+    writer.written.clear()  # ... seen as one of an earlier session
+    assert "nothing was saved this session" in stopped(tmp_path, writer, signal.SIGINT)
+    assert f"{last} still holds step 40" in stopped(tmp_path, writer, signal.SIGINT)
+    writer.save_checkpoint({"global_step": 63, "state_dict": {}}, last)
+    assert stopped(tmp_path, writer, signal.SIGINT) == (
+        f"Stopped by Ctrl-C at step 63; {last} holds step 63: run the same command with --ckpt_path last to continue"
+    )
+    assert torch.load(last, weights_only=True)["global_step"] == 63
+    assert stopped(tmp_path, writer, None).startswith("Stopped by an error at step 63; ")
+    assert [exit_status(number) for number in (signal.SIGINT, signal.SIGTERM)] == [130, 143]
