@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI, main
+from {{ cookiecutter.import_name }}.machinery.identity import RunIdentity
+from {{ cookiecutter.import_name }}.machinery.run import Run
 from {{ cookiecutter.import_name }}.machinery.export.errors import ExportError
 from {{ cookiecutter.import_name }}.machinery.export.model_loading import load_model
 from {{ cookiecutter.import_name }}.models import ImageClassifier
@@ -224,6 +227,16 @@ def test_an_own_network_plugs_in_through_the_config_alone(tmp_path):
     with pytest.raises(ExportError, match=r"model\.backbone: No module named 'not_installed'") as refused:
         load_model(tmp_path / "moved.ckpt")
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("short_hash", ["0a1b2c3d4e5f", "727264334204"], ids=["hex", "all-digits"])
+def test_the_loggers_write_into_the_run_folder_whatever_its_name(tmp_path, short_hash):
+    cli = TrainerCLI(default_config=default_config(), run=False, args=["--trainer.accelerator=cpu"])
+    config = cli.parser.parse_args(["--trainer.accelerator=cpu"])
+    run = Run("fit", RunIdentity(""), tmp_path / "runs" / short_hash)
+    run.place(config.trainer)
+    logger = cli.parser.instantiate(config).trainer.logger
+    assert Path(logger.log_dir) == tmp_path / "runs" / short_hash  # not runs/version_727264334204
 
 
 def test_help_names_the_parts_and_documents_their_options(tmp_path, monkeypatch, capsys):

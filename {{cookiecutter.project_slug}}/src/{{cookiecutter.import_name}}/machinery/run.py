@@ -104,7 +104,9 @@ class Run:
         self._given = {"trainer.default_root_dir": trainer.get("default_root_dir")}
         if isinstance(trainer.get("logger"), list):  # directory loggers first, the others in their order
             trainer.logger = sorted(trainer.logger, key=lambda item: not is_directory_logger(item))
-        placements = {"save_dir": str(self.directory.parent), "name": "", "version": self.directory.name}
+        # The run's folder is the logger's name with an empty version: a version of hex digits that happen to be all
+        # decimal (a 12-digit hash, about 1 in 280) would be read as an int, and Lightning writes "version_<int>".
+        placements = {"save_dir": str(self.directory.parent), "name": self.directory.name, "version": ""}
         for index, logger in enumerate(loggers(trainer)):
             kind, args = class_of(logger), logger.get("init_args", Namespace())
             if issubclass(kind, DIRECTORY_LOGGERS):
