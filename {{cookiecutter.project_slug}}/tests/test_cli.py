@@ -11,10 +11,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI, main
-from {{ cookiecutter.import_name }}.machinery.identity import RunIdentity
-from {{ cookiecutter.import_name }}.machinery.run import Run
 from {{ cookiecutter.import_name }}.machinery.export.errors import ExportError
 from {{ cookiecutter.import_name }}.machinery.export.model_loading import load_model
+from {{ cookiecutter.import_name }}.machinery.identity import RunIdentity
+from {{ cookiecutter.import_name }}.machinery.run import Run
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 from .conftest import (
