@@ -45,6 +45,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.written[target] = int(checkpoint.get("global_step", 0))
 
 
+def stored_entry(path: str | os.PathLike, key: str) -> Any | None:
+    """One top-level entry of a checkpoint (memory-mapped, so the weights are not read), or None if unreadable.
+
+    For the lines a command ends with, which must not fail because of the file they mention.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)[key]
+    except Exception:
+        return None
+
+
 class CheckpointError(UserError, ValueError):
     """A file that cannot be used as a checkpoint of this project; the message says why."""
 

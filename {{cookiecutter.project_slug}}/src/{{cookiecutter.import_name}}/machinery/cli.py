@@ -23,7 +23,7 @@ from ..models import ImageClassifier
 from .checkpoint_io import read_checkpoint
 from .ending import end_early
 from .errors import UsageError, exit_with, full_error_wanted, parse_error_line
-from .guarantees import Safety, check_user_parts, with_atomic_writes
+from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
 from .launch import exit_when_launcher_dies, launched_as_rank_zero
 from .loggers import check_tracker_packages, experiment_dir
@@ -168,8 +168,7 @@ class TrainerCLI(LightningCLI):
         trainer = self._get(self.config_init, "trainer", default={})
         safety: Safety = self._get(self.config_init, "safety")
         run_dir = self.run.directory if self.run is not None else Path(trainer.get("default_root_dir") or ".")
-        callbacks = trainer.get("callbacks") or []
-        callbacks = [*(callbacks if isinstance(callbacks, list) else [callbacks]), *safety.callbacks(run_dir)]
+        callbacks = [*as_list(trainer.get("callbacks")), *safety.callbacks(run_dir)]
         plugins, self.checkpoint_writer = with_atomic_writes(trainer.get("plugins"))
         return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
 

@@ -10,13 +10,11 @@ none, the one from before (or none) is named as such.
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .checkpoint_io import AtomicCheckpointIO
+from .checkpoint_io import AtomicCheckpointIO, stored_entry
 from .resolution import CHECKPOINTS, LAST
 from .run import Run
 from .stop_on_signal import StopOnSignal
@@ -38,13 +36,6 @@ def stop_signal(error: BaseException | None, stop: StopOnSignal) -> signal.Signa
     return next((number for kind, number in STOPPED_BY.items() if isinstance(error, kind)), None)
 
 
-def stored_step(path: Path) -> int | None:
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
-    except Exception:  # the message must not fail a stopped run
-        return None
-
-
 def stopped_message(trainer: L.Trainer, run: Run, writer: AtomicCheckpointIO, cause: signal.Signals | None) -> str:
     """``Stopped by SIGTERM at step N; <run>/checkpoints/last.ckpt holds step N: ...`` (what is true, nothing else)."""
     by = f" by {SIGNAL_NAMES.get(cause, cause.name)}" if cause is not None else " by an error"
@@ -54,7 +45,7 @@ def stopped_message(trainer: L.Trainer, run: Run, writer: AtomicCheckpointIO, ca
     advice = "run the same command with --ckpt_path last to continue"
     if saved is not None:
         return f"{head}; {last} holds step {saved}: {advice}"
-    earlier = stored_step(last) if last.is_file() else None
+    earlier = stored_entry(last, "global_step") if last.is_file() else None
     if earlier is not None:
         return f"{head}; nothing was saved this session, {last} still holds step {earlier}: {advice} from there"
     return f"{head}; nothing was saved, so there is nothing to resume: run the command again to start over"

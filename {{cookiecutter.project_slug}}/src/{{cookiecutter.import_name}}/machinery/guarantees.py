@@ -77,12 +77,12 @@ class Safety:
 INSTALLED = (StopOnSignal, RandomState, LastCheckpoint, AtomicCheckpointIO)
 
 
-def _as_list(value: Any) -> list[Any]:
+def as_list(value: Any) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, list) else [value]
 
 
 def _classes(items: Any) -> list[tuple[type, Namespace]]:
-    return [(class_of(item), item) for item in _as_list(items) if isinstance(item, Namespace) and "class_path" in item]
+    return [(class_of(item), item) for item in as_list(items) if isinstance(item, Namespace) and "class_path" in item]
 
 
 def check_user_parts(trainer: Namespace) -> None:
@@ -117,4 +117,4 @@ def check_user_parts(trainer: Namespace) -> None:
 def with_atomic_writes(plugins: Any) -> tuple[list[Any], AtomicCheckpointIO]:
     """The user's plugins (already checked) plus the atomic checkpoint writer, and that writer."""
     writer = AtomicCheckpointIO()
-    return [*_as_list(plugins), writer], writer
+    return [*as_list(plugins), writer], writer

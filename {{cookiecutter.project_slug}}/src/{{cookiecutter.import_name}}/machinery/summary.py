@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
 from ..data.interfaces import BatchPlan, ValidationSplit
+from .checkpoint_io import stored_entry
 from .run import Run
 
 
@@ -23,13 +23,6 @@ def _duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
 
 
-def _checkpoint_epoch(path: str) -> str:
-    try:
-        return str(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
-    except Exception:  # the summary must not fail a finished run
-        return "?"
-
-
 def fit_summary(trainer: L.Trainer, run: Run) -> str:
     """Run directory, best and last checkpoints, final metrics, time and throughput of a finished fit."""
     session = run.session
@@ -40,7 +33,8 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
             continue
         if callback.monitor and callback.best_model_path:
             score = _number(float(callback.best_model_score)) if callback.best_model_score is not None else "?"
-            epoch = _checkpoint_epoch(callback.best_model_path)
+            epoch = stored_entry(callback.best_model_path, "epoch")
+            epoch = "?" if epoch is None else epoch
             lines.append(f"Best checkpoint: {callback.best_model_path} ({callback.monitor} {score} at epoch {epoch})")
         elif callback.monitor is None and (callback.last_model_path or callback.best_model_path):
             latest = callback.last_model_path or callback.best_model_path  # without a monitor: the latest save
