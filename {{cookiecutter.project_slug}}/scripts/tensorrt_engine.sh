@@ -14,7 +14,9 @@ export_dir="${1:?usage: scripts/tensorrt_engine.sh EXPORT_DIR [MAX_BATCH]}"
 max_batch="${2:-4096}"
 command -v trtexec >/dev/null || { echo "error: trtexec is not on PATH; install TensorRT (or use its container) and run again" >&2; exit 2; }
 [[ -f "$export_dir/model.onnx" ]] || { echo "error: no model.onnx in $export_dir; run python export.py first" >&2; exit 2; }
-shapes=(--minShapes=images:1x3x32x32 --optShapes=images:256x3x32x32 "--maxShapes=images:${max_batch}x3x32x32")
+# The image size the model was trained at, as the model card records it (input shape: batch, 3, S, S).
+size=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["input"]["shape"][2])' "$export_dir/model.card.json")
+shapes=("--minShapes=images:1x3x${size}x${size}" "--optShapes=images:256x3x${size}x${size}" "--maxShapes=images:${max_batch}x3x${size}x${size}")
 trtexec --onnx="$export_dir/model.onnx" --saveEngine="$export_dir/model.fp16.plan" --fp16 "${shapes[@]}"
 if [[ -f "$export_dir/model.int8.onnx" ]]; then
   trtexec --onnx="$export_dir/model.int8.onnx" --saveEngine="$export_dir/model.int8.plan" --int8 --fp16 "${shapes[@]}"

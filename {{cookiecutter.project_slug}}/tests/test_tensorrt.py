@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -36,9 +37,11 @@ def stand_in_trtexec(folder: Path) -> Path:
     return log
 
 
-def test_engine_script_builds_fp16_and_int8_engines_with_the_exported_input_name(tmp_path):
+@pytest.mark.parametrize("size", [32, 96])
+def test_engine_script_builds_fp16_and_int8_engines_with_the_exported_input_name(tmp_path, size):
     exported = tmp_path / "export"
     exported.mkdir()
+    (exported / "model.card.json").write_text(json.dumps({"input": {"shape": ["batch", 3, size, size]}}))
     (exported / "model.onnx").write_bytes(b"fp32")
     (exported / "model.int8.onnx").write_bytes(b"int8")
     log = stand_in_trtexec(tmp_path / "bin")
@@ -47,12 +50,12 @@ def test_engine_script_builds_fp16_and_int8_engines_with_the_exported_input_name
     assert result.returncode == 0, result.stderr
     fp16, int8 = log.read_text().splitlines()
     shapes = " ".join(
-        f"--{kind}Shapes={INPUT_NAME}:{batch}x3x32x32" for kind, batch in (("min", 1), ("opt", 256), ("max", 1024))
+        f"--{kind}Shapes={INPUT_NAME}:{batch}x3x{size}x{size}" for kind, batch in (("min", 1), ("opt", 256), ("max", 1024))
     )
     assert fp16 == f"--onnx={exported}/model.onnx --saveEngine={exported}/model.fp16.plan --fp16 {shapes}"
     assert int8 == f"--onnx={exported}/model.int8.onnx --saveEngine={exported}/model.int8.plan --int8 --fp16 {shapes}"
     assert sorted(p.name for p in exported.iterdir()) == [
-        "model.fp16.plan", "model.int8.onnx", "model.int8.plan", "model.onnx",
+        "model.card.json", "model.fp16.plan", "model.int8.onnx", "model.int8.plan", "model.onnx",
     ]  # fmt: skip
 
 

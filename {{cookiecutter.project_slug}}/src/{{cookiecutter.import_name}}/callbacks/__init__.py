@@ -1,6 +1,7 @@
 """Callbacks, each set under ``trainer.callbacks``: what makes training observable, and recipe parts."""
 
 from .confusion_matrix import ConfusionMatrix
+from .freeze_backbone import FreezeBackbone
 from .grad_scale_watchdog import GradScaleWatchdog
 from .gradient_histograms import GradientHistograms
 from .lookahead import Lookahead
@@ -12,6 +13,7 @@ from .whitening import WhiteningFit
 
 __all__ = [
     "ConfusionMatrix",
+    "FreezeBackbone",
     "GradScaleWatchdog",
     "GradientHistograms",
     "ImageThroughput",

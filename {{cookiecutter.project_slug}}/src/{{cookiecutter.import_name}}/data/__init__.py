@@ -1,12 +1,16 @@
-"""The data path: archive → memory-mapped arrays → uint8 batches → augmentation on the device."""
+"""The data path: images → packed memory-mapped arrays → uint8 batches → augmentation on the device."""
 
-from .datamodule import CifarDataModule
+from .cifar import CifarDataModule
+from .datamodule import ImageDataModule
+from .folder import ImageFolderDataModule
 from .interfaces import BatchPlan, Fingerprinted, PredictionNames, TrainingImages, ValidationSplit
 
 __all__ = [
     "BatchPlan",
     "CifarDataModule",
     "Fingerprinted",
+    "ImageDataModule",
+    "ImageFolderDataModule",
     "PredictionNames",
     "TrainingImages",
     "ValidationSplit",

@@ -1,7 +1,8 @@
 """Augment whole uint8 batches on the device they already live on.
 
 One random draw per batch instead of per-sample Python: the crop gathers shifted windows
-from a padded batch (what ``RandomCrop(32, padding=p)`` does per image) and the flip
+from a padded batch (what ``RandomCrop(S, padding=p)`` does per image), the random-resized
+crop (larger images) resamples one box per image in a single ``roi_align``, and the flip
 mirrors the selected images only. Draws come from a generator of our own, seeded from (run seed,
 rank, epoch) at the start of every epoch, so a run is reproducible and a run resumed at an epoch
 boundary draws what the uninterrupted run drew, without any generator state in the checkpoint. A
@@ -15,11 +16,13 @@ orientations of every image (airbench reports ~10% fewer steps to the same accur
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
+from torchvision.ops import roi_align
 
 from ..machinery.errors import check_choice
 
@@ -88,6 +91,26 @@ def random_cutout(images: Tensor, size: int, generator: torch.Generator) -> Tens
     return images.masked_fill(inside[:, None], 0)
 
 
+def random_resized_crop(images: Tensor, scale: tuple[float, float], generator: torch.Generator) -> Tensor:
+    """Cut a random box from each image (area share in ``scale``, aspect 3/4 to 4/3) and scale it to full size.
+
+    What ``RandomResizedCrop`` does per image, for a whole batch in one ``roi_align`` (bilinear,
+    averaging over each output pixel's footprint when the box is larger than the output).
+    """
+    n, _, h, w = images.shape
+    device = images.device
+    area = torch.empty(n, device=device).uniform_(scale[0], scale[1], generator=generator) * (h * w)
+    log_ratio = torch.empty(n, device=device).uniform_(math.log(3 / 4), math.log(4 / 3), generator=generator)
+    ratio = log_ratio.exp()
+    box_w = (area * ratio).sqrt().clamp(1, w)
+    box_h = (area / ratio).sqrt().clamp(1, h)
+    left = torch.rand(n, device=device, generator=generator) * (w - box_w)
+    top = torch.rand(n, device=device, generator=generator) * (h - box_h)
+    boxes = torch.stack((torch.arange(n, device=device, dtype=box_w.dtype), left, top, left + box_w, top + box_h), 1)
+    crops = roi_align(images.float(), boxes, output_size=(h, w), spatial_scale=1.0, sampling_ratio=2, aligned=True)
+    return crops.round_().clamp_(0, 255).to(images.dtype) if not images.is_floating_point() else crops
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     """A well-mixed 64-bit seed for (stream seed, epoch): neighbouring epochs get unrelated streams."""
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0])
@@ -102,6 +125,7 @@ class BatchAugment:
         flip: FlipMode = "random",
         cutout: int = 0,
         padding_mode: PaddingMode = "zeros",
+        resized_crop_scale: tuple[float, float] | None = None,
     ) -> None:
         check_choice("data.flip", flip, FlipMode)
         check_choice("data.crop_padding_mode", padding_mode, PaddingMode)
@@ -109,6 +133,7 @@ class BatchAugment:
         self.flip = flip
         self.cutout = cutout
         self.padding_mode = padding_mode
+        self.resized_crop_scale = resized_crop_scale  # None: no random-resized crop
         self.generator: torch.Generator | None = None
         self._seed = 0
         self._image_seed = 0
@@ -147,6 +172,8 @@ class BatchAugment:
         return self._augment(images, ids, epoch, self._generator_for(images, epoch))
 
     def _augment(self, images: Tensor, ids: Tensor | None, epoch: int, generator: torch.Generator) -> Tensor:
+        if self.resized_crop_scale is not None:
+            images = random_resized_crop(images, self.resized_crop_scale, generator)
         images = random_crop(images, self.crop_padding, generator, self.padding_mode)
         if self.flip == "random":
             images = random_flip(images, generator)

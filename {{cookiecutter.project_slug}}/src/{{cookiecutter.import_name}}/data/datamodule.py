@@ -1,14 +1,18 @@
-"""CIFAR-10/100 as a LightningDataModule: uint8 batches (memory-mapped or device-resident), augmented on the device."""
+"""The fast path every dataset shares: uint8 batches (memory-mapped or device-resident), augmented on the device.
+
+A dataset's module (``cifar.py``, ``folder.py``) only finds its images and packs them once into
+memory-mappable arrays; ``ImageDataModule`` serves them: the batch sizes for the devices, the
+exact-resume training order, disjoint shards under DDP, the copy to the GPU when it fits, and
+the augmentation of whole batches where they already are.
+"""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
@@ -17,18 +21,18 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from ..machinery.errors import check_choice
-from .archive import Cache, fingerprint, load_cache, prepare
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
-from .cifar_format import FORMATS
 from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, keep_batch
 from .errors import DataError, DataSettingError
-from .image_folder import load_image_folder
+from .image_files import Resize, load_image_folder
 from .loader import FirstBatchStartLoader, TrainerEpochSampler
 
 Storage = Literal["auto", "device", "memmap"]
 # "auto" keeps the data on a GPU when it takes at most this share of the GPU's free memory.
 RESIDENT_SHARE_OF_FREE_MEMORY = 0.25
+# From this size up, a random-resized crop replaces the padded shift crop unless the config says otherwise.
+RESIZED_CROP_FROM = 64
 
 
 def leave_signals_to_the_main_process(worker_id: int) -> None:
@@ -42,35 +46,32 @@ def leave_signals_to_the_main_process(worker_id: int) -> None:
         signal.signal(number, signal.SIG_IGN)
 
 
-class CifarDataModule(L.LightningDataModule):
-    """Serves CIFAR batches as uint8 (N, 3, 32, 32) tensors; the model normalizes them."""
+class ImageDataModule(L.LightningDataModule):
+    """Serves uint8 (N, 3, S, S) batches of packed images; the model normalizes them.
+
+    A subclass sets ``class_names``, ``image_size``, ``mean``, ``std`` and ``resize`` in its
+    constructor and, in ``setup``, hands its splits to ``serve``.
+    """
 
     def __init__(
         self,
-        dataset: Literal["cifar10", "cifar100"] = "{{ cookiecutter.dataset }}",
-        data_dir: str = "data",
         batch_size: int = 512,
         global_batch_size: int | None = None,
         eval_batch_size: int | None = None,
         num_workers: int = 2,
-        val_size: int = 5000,
-        split_seed: int = 0,
-        crop_padding: int = 4,
+        crop_padding: int | None = None,
         crop_padding_mode: PaddingMode = "zeros",
+        random_resized_crop: bool | None = None,
+        resized_crop_scale: tuple[float, float] = (0.35, 1.0),
         flip: FlipMode = "random",
         cutout: int = 0,
         storage: Storage = "auto",
-        download: bool = True,
-        verify_checksum: bool = True,
-        class_names: list[str] | None = None,
         pin_memory: bool = True,
         predict_dir: str | None = None,
     ) -> None:
-        """Configure the data.
+        """Configure how batches are served and augmented.
 
         Args:
-            dataset: Which archive to use; its official file name is looked for in ``data_dir``.
-            data_dir: Folder holding the archive (downloaded there if absent) and its converted cache.
             batch_size: Training images per batch and per device (an optimizer step takes this x devices x
                 trainer.accumulate_grad_batches); ignored when global_batch_size is set.
             global_batch_size: Training images per optimizer step over all devices and accumulated batches;
@@ -78,28 +79,26 @@ class CifarDataModule(L.LightningDataModule):
             eval_batch_size: Images per validation/test/predict batch and device; defaults to the training
                 batch per device.
             num_workers: DataLoader worker processes gathering batches from the memory map.
-            val_size: Training images held out for validation; 0 validates on the test set instead.
-            split_seed: Seed of the fixed train/validation split (independent of the run's seed).
-            crop_padding: Random-crop padding in pixels for training batches; 0 disables the crop.
+            crop_padding: Random-crop padding in pixels for training batches (default: an eighth of the image
+                size, 4 at 32 px; 0 when the random-resized crop is on); 0 disables the crop.
             crop_padding_mode: What the crop shows beyond the border: zeros, or a reflection of the image.
+            random_resized_crop: Train on a random part of each image (area share in resized_crop_scale, aspect
+                3/4 to 4/3) scaled back to full size; default: on from 64 px up, off below.
+            resized_crop_scale: Smallest and largest area share of the random-resized crop.
             flip: Left-right mirroring of training images: random (each image, each epoch), alternating
                 (each image in a fixed random orientation, mirrored on odd epochs) or none.
             cutout: Side in pixels of a square zeroed at a random place in each training image; 0 disables it.
             storage: Where the images live: device (copied once to the accelerator; batches are gathered
                 there, no workers), memmap (memory-mapped, gathered by workers), or auto (device on a GPU
                 with room to spare, else memmap).
-            download: Download the official archive when it is not in ``data_dir``.
-            verify_checksum: Check the archive's MD5 against the official one; false to use your own CIFAR-format data.
-            class_names: Class names of your own CIFAR-format data; defaults to the official names.
             pin_memory: Pin host batches for faster, asynchronous copies to the GPU.
-            predict_dir: Folder of your own images (PNG, JPEG, ...; resized to 32x32) for ``predict``;
-                by default ``predict`` runs on the test split.
+            predict_dir: Folder of your own images (PNG, JPEG, ...; resized as the training images were) for
+                ``predict``; by default ``predict`` runs on the test split.
         """
         super().__init__()
-        # The model records the resolved class names; the data's unresolved default would clash with them.
+        # The settings of this class and of the dataset's subclass, as the checkpoint and HPARAMS record them.
+        # The model records the resolved class names; a data class's unresolved default would clash with them.
         self.save_hyperparameters(ignore=["class_names"])
-        if dataset not in FORMATS:
-            raise ValueError(f"data.dataset must be one of {sorted(FORMATS)}, got {dataset!r}")
         sizes = (
             ("batch_size", batch_size),
             ("global_batch_size", global_batch_size or 1),
@@ -108,99 +107,76 @@ class CifarDataModule(L.LightningDataModule):
         for name, value in sizes:
             if value < 1:
                 raise ValueError(f"data.{name} must be a positive integer, got {value}")
-        if val_size < 0:
-            raise ValueError(f"data.val_size must be 0 or more, got {val_size}")
-        self.format = FORMATS[dataset]
-        self.data_dir = Path(data_dir)
+        if (crop_padding or 0) < 0 or cutout < 0:
+            raise ValueError(f"data.crop_padding and data.cutout must be 0 or more, got {crop_padding} and {cutout}")
+        low, high = resized_crop_scale
+        if not 0 < low <= high <= 1:
+            raise ValueError(f"data.resized_crop_scale must be two shares 0 < low <= high <= 1, got {resized_crop_scale}")
+        check_choice("data.storage", storage, Storage)
         self.batch_size = batch_size
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size
         self.batches: BatchSizes | None = None  # derived in setup(), once the devices and the accumulation are known
         self.num_workers = num_workers
-        self.val_size = val_size
-        self.split_seed = split_seed
-        self.download = download
-        self.verify_checksum = verify_checksum
         self.pin_memory = pin_memory
-        self.class_names = list(class_names or self.format.class_names)
-        self.num_classes = len(self.class_names)
-        self.mean = self.format.mean
-        self.std = self.format.std
-        if crop_padding < 0 or cutout < 0:
-            raise ValueError(f"data.crop_padding and data.cutout must be 0 or more, got {crop_padding} and {cutout}")
-        check_choice("data.storage", storage, Storage)
         self.storage = storage
-        self.augment = BatchAugment(crop_padding, flip, cutout, crop_padding_mode)
+        self._augment_settings = (crop_padding, crop_padding_mode, random_resized_crop, resized_crop_scale, flip, cutout)
+        self.augment = BatchAugment(0, flip, cutout, crop_padding_mode)  # checks the choices now; sized in setup()
         self.predict_dir = Path(predict_dir) if predict_dir else None
-        self.cache: Cache | None = None
         self.resident: dict[str, ResidentBatches] = {}
         self.seed = 0
+        self.train_set: MemmapBatches | None = None
+        self.val_set: MemmapBatches | None = None
+        self.test_set: MemmapBatches | None = None
         self.predict_set: MemmapBatches | TensorBatches | None = None
         self.predict_names: list[str] = []  # the files of predict_dir; test-set images go by their index
+        # What a subclass sets in its constructor (the model's linked settings read them).
+        self.class_names: list[str] = []
+        self.image_size = 32
+        self.mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+        self.std: tuple[float, float, float] = (0.25, 0.25, 0.25)
+        self.resize: Resize = "crop"
+        self.class_counts: list[int] | None = None  # training images per class, when known before packing
+        self.title = "images"  # how the data is named in messages
 
-    @classmethod
-    def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
-        """The dataset's name and its archive's MD5; for ``predict`` on your own images, their folder.
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
 
-        Checked before anything is built: data that is neither here nor to be downloaded is refused at once.
-        """
-        if stage == "predict" and settings.get("predict_dir"):
-            return f"images:{settings['predict_dir']}"  # no CIFAR archive is needed, or looked for
-        return fingerprint(
-            Path(settings["data_dir"]),
-            FORMATS[settings["dataset"]],
-            download=settings["download"],
-            verify_checksum=settings["verify_checksum"],
-        )
+    def sized_augmentation(self) -> BatchAugment:
+        """The augmentation for this dataset's image size (crop padding and the resized crop follow the size)."""
+        padding, padding_mode, resized, scale, flip, cutout = self._augment_settings
+        if resized is None:
+            resized = self.image_size >= RESIZED_CROP_FROM
+        if padding is None:
+            padding = 0 if resized else max(1, self.image_size // 8)
+        return BatchAugment(padding, flip, cutout, padding_mode, resized_crop_scale=scale if resized else None)
 
     def _predicting_own_images(self) -> bool:
         return self.predict_dir is not None and self.trainer is not None and self.trainer.predicting
 
-    @override
-    def prepare_data(self) -> None:
-        if not self._predicting_own_images():  # your own images need no archive
-            prepare(self.data_dir, self.format, download=self.download, verify_checksum=self.verify_checksum)
+    def setup_own_predictions(self) -> None:
+        """``predict`` on ``predict_dir``: its images, resized by the training images' rule."""
+        self._derive_batch_sizes()
+        images, self.predict_names = load_image_folder(self.predict_dir, self.image_size, self.resize)
+        self.predict_set = TensorBatches(images)
+        self.seed = torch.initial_seed()
 
-    @override
-    def setup(self, stage: str) -> None:
-        if stage == "predict" and self.predict_dir is not None:
-            self._derive_batch_sizes()
-            images, self.predict_names = load_image_folder(self.predict_dir)
-            self.predict_set = TensorBatches(images)
-            self.seed = torch.initial_seed()
-            return
-        self.cache = load_cache(self.data_dir, self.format)
-        if self.cache is None:
-            raise DataError(f"no converted {self.format.title} data in {self.data_dir}; prepare_data() must run first")
-        if list(self.cache.class_names) != self.class_names:
-            raise DataSettingError(
-                f"the archive's class names {list(self.cache.class_names)} differ from data.class_names "
-                f"{self.class_names}; set data.class_names to the archive's names"
-            )
-        train = self.cache.split("train")
-        num_train = len(np.load(train.labels, mmap_mode="r"))
-        if self.val_size >= num_train:
-            raise DataSettingError(
-                f"data.val_size={self.val_size} leaves no training images (the archive has {num_train}); "
-                f"set data.val_size below {num_train}, or to 0 to validate on the test set"
-            )
-        order = np.random.default_rng(self.split_seed).permutation(num_train)
-        held_out, kept = np.sort(order[: self.val_size]), np.sort(order[self.val_size :])
-        self.train_set = MemmapBatches(train.images, train.labels, kept, with_ids=True)
-        test = self.cache.split("test")
-        self.test_set = MemmapBatches(test.images, test.labels)
-        self.val_set = MemmapBatches(train.images, train.labels, held_out) if self.val_size else self.test_set
-        self.predict_set = self.test_set
+    def serve(self, stage: str, train: MemmapBatches, val: MemmapBatches, test: MemmapBatches) -> None:
+        """Take the dataset's splits and get ready to serve them (called by a subclass's ``setup``)."""
+        self.train_set, self.val_set, self.test_set = train, val, test
+        self.predict_set = test
         self.predict_names = []  # test-set images are named by their index (predict_name)
         batches = self._derive_batch_sizes()
-        if stage == "fit" and len(self.train_set) < batches.per_device * batches.devices:
+        if stage == "fit" and len(train) < batches.per_device * batches.devices:
             knob = "data.global_batch_size" if self.global_batch_size is not None else "data.batch_size"
             raise DataSettingError(
                 f"a batch of {batches.per_device} per device x {batches.devices} devices is more than the "
-                f"{len(self.train_set)} training images; lower {knob}"
+                f"{len(train)} training images; lower {knob}"
             )
         rank = self.trainer.global_rank if self.trainer is not None else 0
         self.seed = torch.initial_seed()  # the run's seed (seed_everything)
+        self.augment = self.sized_augmentation()
         self.augment.seed(self.seed + rank, image_seed=self.seed)
         self._place_splits()
 
@@ -230,7 +206,7 @@ class CifarDataModule(L.LightningDataModule):
                 copies[id(split)] = ResidentBatches(name, split, device)
             self.resident[name] = copies[id(split)]
         megabytes = sum(split.nbytes for split in copies.values()) / 2**20
-        rank_zero_info(f"Data: {self.format.title} resident on {device} ({megabytes:.0f} MB); no loader workers")
+        rank_zero_info(f"Data: {self.title} resident on {device} ({megabytes:.0f} MB); no loader workers")
 
     def _keep_on(self, device: torch.device) -> bool:
         if self.storage != "auto":
@@ -241,20 +217,21 @@ class CifarDataModule(L.LightningDataModule):
         return needed <= RESIDENT_SHARE_OF_FREE_MEMORY * torch.cuda.mem_get_info(device)[0]
 
     def _splits(self) -> dict[str, MemmapBatches | TensorBatches]:
-        if self.cache is None:  # only your own images, for predict
+        if self.train_set is None:  # only your own images, for predict
             return {"predict": self.predict_set}
         return {"train": self.train_set, "val": self.val_set, "test": self.test_set, "predict": self.predict_set}
 
     @property
     def validates_on_test_set(self) -> bool:
-        return self.val_size == 0
+        """True when no training images are held out, so validation reads the test set."""
+        return False
 
     def predict_name(self, index: int) -> str:
         return self.predict_names[index] if index < len(self.predict_names) else str(index)
 
     def train_images(self, count: int) -> Tensor:
         """The first ``count`` training images (uint8, on the CPU), in their fixed order: for fitting layers to data."""
-        if self.cache is None:
+        if self.train_set is None:
             raise DataError("train_images() needs setup() to have run")
         return self.train_set.__getitems__(range(min(count, len(self.train_set))))[0]
 

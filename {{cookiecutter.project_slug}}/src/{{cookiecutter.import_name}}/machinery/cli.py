@@ -9,6 +9,7 @@ are reported in one line (``errors.py``); a finished command says where everythi
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any, NoReturn
@@ -18,7 +19,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
-from ..data import CifarDataModule, Fingerprinted
+from ..data import Fingerprinted, ImageDataModule
 from ..models import ImageClassifier
 from .checkpoint_io import read_checkpoint
 from .ending import end_early
@@ -34,16 +35,20 @@ from .run_record import RunRecord
 from .summary import evaluation_summary, fit_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+TRAINED_IMAGE_SETTINGS = ("image_size", "resize")  # data settings an evaluation takes from the checkpoint
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
     return json.loads(parser.dump(config, format="json", skip_check=True))
 
 
-def data_fingerprint(datamodule_class: type, subcommand: str, data: Namespace) -> str:
+def data_fingerprint(subcommand: str, data: Namespace) -> str:
     """What the command reads, as the data module says (a data module that cannot say: its config stands for it)."""
+    module, name = data.class_path.rsplit(".", 1)
+    datamodule_class = getattr(importlib.import_module(module), name)
     if isinstance(datamodule_class, Fingerprinted):
-        return datamodule_class.data_fingerprint(data.as_dict(), subcommand)
+        settings = data.init_args.as_dict() if data.get("init_args") is not None else {}
+        return datamodule_class.data_fingerprint(settings, subcommand)
     return ""
 
 
@@ -79,11 +84,12 @@ class TrainerCLI(LightningCLI):
             # the names), so a launcher sets what it knows without editing a file; the command line wins.
             per_subcommand = {**dict.fromkeys(SUBCOMMANDS, defaults), "default_env": True}
             kwargs.setdefault("parser_kwargs", per_subcommand if runs else defaults)
-        super().__init__(ImageClassifier, CifarDataModule, **kwargs)
+        # The data is any ImageDataModule the config names (data.class_path): CIFAR, your own images, or yours.
+        super().__init__(ImageClassifier, ImageDataModule, subclass_mode_data=True, **kwargs)
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for key in ("num_classes", "class_names", "mean", "std"):
+        for key in ("num_classes", "class_names", "mean", "std", "image_size", "class_counts"):
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
         for action in parser._actions:  # argparse's list; no public route to an action (test_private_routes)
             # The help names the project's networks (the docstring); jsonargparse would append every
@@ -118,7 +124,7 @@ class TrainerCLI(LightningCLI):
         config = self.config[subcommand]
         check_user_parts(config.trainer)
         parser = self._parser(subcommand)
-        data = data_fingerprint(self.datamodule_class, subcommand, config.data)
+        data = data_fingerprint(subcommand, config.data)
         identity = RunIdentity.of(resolved_config(parser, config), data)
         experiment = experiment_dir(config.trainer)
         allow_fresh_start = subcommand == "fit" and config.allow_fresh_start
@@ -130,6 +136,7 @@ class TrainerCLI(LightningCLI):
             # fit does not: its config is compared with the checkpoint's instead, and changes are refused
             # unless allowed, so a change is never silently undone.
             self._take_model_settings(subcommand, stored)
+            data = data_fingerprint(subcommand, self.config[subcommand].data)
             identity = RunIdentity.of(resolved_config(parser, self.config[subcommand]), data)
         allow_change = subcommand == "fit" and config.allow_config_change
         self.run = Run.plan(subcommand, identity, experiment, checkpoint, stored, allow_change)
@@ -142,6 +149,13 @@ class TrainerCLI(LightningCLI):
         hparams.pop("_instantiator", None)
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        # The images are made as the model saw them in training: its image size and resize rule, whatever the
+        # config says now (a model trained at 64 px is evaluated at 64 px).
+        data = self.config[subcommand].data
+        trained = stored.get("datamodule_hyper_parameters", {})
+        for key in TRAINED_IMAGE_SETTINGS:
+            if key in trained and data.get("init_args") is not None and key in data.init_args:
+                data.init_args[key] = trained[key]
 
     @override
     def before_instantiate_classes(self) -> None:

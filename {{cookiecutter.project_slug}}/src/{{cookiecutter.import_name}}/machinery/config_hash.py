@@ -31,14 +31,18 @@ EXCLUDED_KEYS: tuple[str, ...] = (
     "trainer.enable_progress_bar",  # console output only
     "trainer.enable_model_summary",  # console output only
     "trainer.log_every_n_steps",  # logging cadence only
-    "data.data_dir",  # where the archive is; its content is pinned by the MD5 check
-    "data.num_workers",  # how many processes read the same batches
-    "data.pin_memory",  # how batches are copied, not what they hold
-    "data.storage",  # where the same batches are gathered (memory map or device); they are identical
+    "data.init_args.data_dir",  # where the archive is; its content is pinned by the MD5 check
+    "data.init_args.image_dir",  # where your images are; what they are is the manifest's digest (the fingerprint)
+    "data.init_args.cache_dir",  # where the packed copy is kept
+    "data.init_args.pack_workers",  # how many processes decode the same images
+    "data.init_args.on_bad_image",  # which bad files stop packing; those kept are the manifest's
+    "data.init_args.num_workers",  # how many processes read the same batches
+    "data.init_args.pin_memory",  # how batches are copied, not what they hold
+    "data.init_args.storage",  # where the same batches are gathered (memory map or device); they are identical
 )
 # Keys left out when another key, set, replaces them (what is left is what the run computes with).
 REPLACED_BY: dict[str, str] = {
-    "data.batch_size": "data.global_batch_size",  # the per-device batch then follows from the global one
+    "data.init_args.batch_size": "data.init_args.global_batch_size",  # the per-device batch then follows from the global one
 }
 
 

@@ -1,7 +1,8 @@
-"""Networks for 32x32 images: ``model.backbone`` names one by ``class_path`` (or class name).
+"""Networks for square images of 32 px and up: ``model.backbone`` names one by ``class_path`` (or class name).
 
 Each takes ``num_classes`` first (the model passes it; the config gives the rest) and maps
-normalized (N, 3, 32, 32) images to (N, num_classes) logits. Any ``nn.Module`` with that
+normalized (N, 3, S, S) images to (N, num_classes) logits; each pools globally before its head,
+so it takes any size S (its cost grows with S squared). Any ``nn.Module`` with that
 constructor plugs in the same way, e.g. ``--model.backbone my_package.MyNet``.
 
 ``FastCNN`` follows the shape of the fastest published CIFAR-10 trainers (three
@@ -17,9 +18,11 @@ the first stage still sees the full image.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 from typing_extensions import override
@@ -188,7 +191,7 @@ class AirBench(nn.Sequential):
             airbench_group(whitening.out_channels, widths[0]),
             airbench_group(widths[0], widths[1]),
             airbench_group(widths[1], widths[2]),
-            nn.MaxPool2d(3),
+            nn.AdaptiveMaxPool2d(1),  # airbench94's MaxPool2d(3) of its 3x3 map at 32 px; any size above
             nn.Flatten(),
             nn.Linear(widths[2], num_classes, bias=False),
             Scale(1 / 9),
@@ -212,13 +215,96 @@ class CifarResNet(ResNet):
         self.maxpool = nn.Identity()
 
 
+class TorchvisionNet(nn.Module):
+    """Any torchvision classification network by name, optionally from pretrained weights, with a new head.
+
+    The network's last linear layer (its classifier head) is replaced by one for ``num_classes``;
+    everything before it keeps the weights. Pretrained weights expect ImageNet's normalization,
+    which ``ImageFolderDataModule`` uses; ``callbacks.FreezeBackbone`` trains the new head alone first.
+    """
+
+    def __init__(
+        self, num_classes: int, name: str = "resnet18", weights: str | None = None, weights_path: str | None = None
+    ) -> None:
+        """Build the network.
+
+        Args:
+            num_classes: Number of classes (given by the model).
+            name: A torchvision classification model (torchvision.models.list_models()): resnet18, resnet50,
+                efficientnet_b0, convnext_tiny, mobilenet_v3_large, vit_b_16, ...
+            weights: torchvision's pretrained weights by name (DEFAULT, IMAGENET1K_V1, ...), downloaded once into
+                torch's hub cache; none: random initialization.
+            weights_path: A local weights file (a state_dict saved with torch.save) for the unchanged network,
+                loaded before the head is replaced; for machines without network access.
+        """
+        super().__init__()
+        if name not in torchvision.models.list_models(torchvision.models):
+            raise ValueError(
+                f"model.backbone.name {name!r} is not a torchvision classification model; see "
+                "torchvision.models.list_models() (e.g. resnet18, efficientnet_b0, convnext_tiny)"
+            )
+        if weights and weights_path:
+            raise ValueError("model.backbone: give weights (a download) or weights_path (a local file), not both")
+        try:
+            network = torchvision.models.get_model(name, weights=weights)
+        except (ValueError, KeyError) as error:
+            raise ValueError(f"model.backbone.weights {weights!r} are not weights of {name} ({error})") from error
+        except OSError as error:  # no network: URLError is an OSError
+            raise ValueError(
+                f"model.backbone.weights {weights!r} of {name} could not be downloaded ({error}); download them "
+                "where there is network access and pass the file as model.backbone.weights_path"
+            ) from error
+        if weights_path:
+            network.load_state_dict(_read_weights(Path(weights_path).expanduser(), name))
+        parent_name, _, head_name = _last_linear(network).rpartition(".")
+        parent = network.get_submodule(parent_name)
+        old = getattr(parent, head_name)
+        setattr(parent, head_name, nn.Linear(old.in_features, num_classes))
+        self.network = network
+        self.head_name = f"network.{parent_name + '.' if parent_name else ''}{head_name}"
+
+    @override
+    def forward(self, images: Tensor) -> Tensor:
+        return self.network(images)
+
+    def head(self) -> nn.Module:
+        """The classifier head (the new last linear layer): what trains while the rest is frozen."""
+        return self.get_submodule(self.head_name)
+
+
+def _last_linear(network: nn.Module) -> str:
+    names = [name for name, module in network.named_modules() if isinstance(module, nn.Linear)]
+    if not names:
+        raise ValueError(f"model.backbone: {type(network).__name__} has no linear classifier head to replace")
+    return names[-1]
+
+
+def _read_weights(path: Path, name: str) -> dict[str, Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"model.backbone.weights_path={path} does not exist; point it at a saved state_dict") from None
+    except Exception as error:  # a damaged or foreign file raises many types
+        raise ValueError(f"model.backbone.weights_path={path} is not a readable weights file ({error})") from error
+    state = state.get("state_dict", state) if isinstance(state, dict) else state
+    if not isinstance(state, dict) or not all(isinstance(value, Tensor) for value in state.values()):
+        raise ValueError(f"model.backbone.weights_path={path} does not hold a state_dict of tensors")
+    reference = torchvision.models.get_model(name).state_dict()
+    missing = sorted(set(reference) - set(state))
+    shapes = [key for key in reference if key in state and state[key].shape != reference[key].shape]
+    if missing or shapes:
+        detail = f"missing {missing[:3]}" if missing else f"other shapes for {shapes[:3]}"
+        raise ValueError(f"model.backbone.weights_path={path} are not weights of torchvision's {name} ({detail})")
+    return state
+
+
 def _check_width(width: int) -> None:
     if width < 1:
         raise ValueError(f"model.backbone.width must be a positive integer, got {width}")
 
 
-def build_backbone(backbone: BackboneFactory, num_classes: int) -> nn.Module:
-    """Build the network and run one image through it: a class that does not take num_classes first fails here."""
+def build_backbone(backbone: BackboneFactory, num_classes: int, image_size: int = 32) -> nn.Module:
+    """Build the network and run one image of the data's size through it: one that cannot take it fails here."""
     # The class behind a class, a functools.partial of one, or jsonargparse's partial of one.
     candidates = (backbone, getattr(backbone, "func", None), *getattr(backbone, "args", ()))
     name = next((candidate.__name__ for candidate in candidates if isinstance(candidate, type)), "backbone")
@@ -234,17 +320,17 @@ def build_backbone(backbone: BackboneFactory, num_classes: int) -> nn.Module:
     training = network.training
     try:
         with torch.no_grad():
-            logits = network.eval()(torch.zeros(1, 3, 32, 32))
+            logits = network.eval()(torch.zeros(1, 3, image_size, image_size))
     except Exception as error:
         raise ValueError(
-            f"model.backbone {type(network).__name__}({num_classes}) cannot classify a (1, 3, 32, 32) image "
-            f"({type(error).__name__}: {error}); model.backbone must be a class taking num_classes first"
+            f"model.backbone {type(network).__name__}({num_classes}) cannot classify a (1, 3, {image_size}, "
+            f"{image_size}) image ({type(error).__name__}: {error}); choose another data.image_size or backbone"
         ) from error
     finally:
         network.train(training)
     if tuple(logits.shape) != (1, num_classes):
         raise ValueError(
-            f"model.backbone {type(network).__name__}({num_classes}) maps a (1, 3, 32, 32) image to "
+            f"model.backbone {type(network).__name__}({num_classes}) maps a (1, 3, {image_size}, {image_size}) image to "
             f"{tuple(logits.shape)}, not to (1, {num_classes}) logits; model.backbone must be a class taking "
             "num_classes first"
         )

@@ -41,6 +41,19 @@ class Normalize(nn.Module):
         return images.float() * self.scale - self.shift
 
 
+def class_weights(class_counts: list[int] | None, balanced: bool) -> Tensor | None:
+    """Loss weights that make every class count equally (N / (K x count)), or None for the plain loss."""
+    if not balanced:
+        return None
+    if not class_counts or min(class_counts) <= 0:
+        raise ValueError(
+            "model.balanced_loss needs the training images per class, which this data does not give "
+            f"(class_counts: {class_counts}); set model.balanced_loss to false"
+        )
+    counts = torch.tensor(class_counts, dtype=torch.float32)
+    return counts.sum() / (len(counts) * counts)
+
+
 class ImageClassifier(L.LightningModule):
     """Trains any backbone on uint8 images with label-smoothed cross-entropy; the recipe's parts are arguments.
 
@@ -55,8 +68,11 @@ class ImageClassifier(L.LightningModule):
         class_names: list[str] | None = None,
         mean: tuple[float, float, float] = (0.5, 0.5, 0.5),
         std: tuple[float, float, float] = (0.25, 0.25, 0.25),
+        image_size: int = 32,
+        class_counts: list[int] | None = None,
         backbone: BackboneFactory | None = None,
         label_smoothing: float = 0.1,
+        balanced_loss: bool = False,
         optimizer: OptimizerCallable | None = None,
         lr_schedule: ScheduleFactory | None = None,
         norm_bias_lr_scale: float = 1.0,
@@ -73,9 +89,13 @@ class ImageClassifier(L.LightningModule):
             class_names: Class names, stored in checkpoints (linked from the data).
             mean: Per-channel mean of the data in [0, 1] (linked from the data).
             std: Per-channel standard deviation of the data in [0, 1] (linked from the data).
+            image_size: Side in pixels of the square images (linked from the data).
+            class_counts: Training images per class, when the data knows them (linked from the data).
             backbone: The network: a class taking num_classes first (models/backbones.py: FastCNN, AirBench,
                 CifarResNet; or your own nn.Module); defaults to FastCNN.
             label_smoothing: Label smoothing of the cross-entropy loss.
+            balanced_loss: Weigh each class's loss by the inverse of its share of the training images, so
+                every class counts equally (for imbalanced data; needs class_counts from the data).
             optimizer: Optimizer class and arguments; defaults to SGD(lr=0.1, momentum=0.9, nesterov, wd=5e-4).
             lr_schedule: Per-step learning-rate schedule over the whole run (models/schedules.py: OneCycle,
                 WarmupCosine, Triangle, Constant; OneCycle by default); an extended run re-plans it.
@@ -97,7 +117,7 @@ class ImageClassifier(L.LightningModule):
             raise ValueError(f"{len(self.class_names)} class names given for {num_classes} classes")
         self.optimizer_factory = optimizer
         self.normalize = Normalize(mean, std)
-        self.backbone = build_backbone(backbone or FastCNN, num_classes)
+        self.backbone = build_backbone(backbone or FastCNN, num_classes, image_size)
         self.lr_schedule = lr_schedule or OneCycle
         # Built once against a stand-in optimizer: a bad schedule option fails now, before a run starts.
         self.lr_schedule(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), 100)
@@ -105,7 +125,7 @@ class ImageClassifier(L.LightningModule):
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         self.compiled_backbone: Callable[[Tensor], Tensor] | None = None
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.criterion = nn.CrossEntropyLoss(weight=class_weights(class_counts, balanced_loss), label_smoothing=label_smoothing)
         metrics = MetricCollection(
             {
                 "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
@@ -116,11 +136,11 @@ class ImageClassifier(L.LightningModule):
         self._restored_totals: dict[str, Any] | None = None
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
-        self.example_input_array = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
+        self.example_input_array = torch.zeros(2, 3, image_size, image_size, dtype=torch.uint8)
 
     @override
     def forward(self, images: Tensor) -> Tensor:
-        """Logits for a batch of uint8 images of shape (N, 3, 32, 32)."""
+        """Logits for a batch of uint8 images of shape (N, 3, image_size, image_size)."""
         return self._backbone(self._normalized(images))
 
     def evaluate(self, images: Tensor, all_views: bool = True) -> Tensor:

@@ -37,11 +37,11 @@ class ModelCost:
         )
 
 
-def example_images(batch: int = 1) -> torch.Tensor:
-    return torch.zeros(batch, 3, 32, 32, dtype=torch.uint8)
+def example_images(image_size: int = 32, batch: int = 1) -> torch.Tensor:
+    return torch.zeros(batch, 3, image_size, image_size, dtype=torch.uint8)
 
 
-def thop_macs_and_params(model: nn.Module) -> tuple[int, int]:
+def thop_macs_and_params(model: nn.Module, image_size: int = 32) -> tuple[int, int]:
     """thop's MAC and parameter counts for one image, on a copy of ``model``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # thop imports distutils' LooseVersion
@@ -57,19 +57,20 @@ def thop_macs_and_params(model: nn.Module) -> tuple[int, int]:
             known = next((base for base in kind.__mro__[1:] if base in register_hooks), None)
             if known is not None:
                 inherited[kind] = register_hooks[known]
-    macs, params = thop.profile(probe, inputs=(example_images(),), custom_ops=inherited, verbose=False)
+    macs, params = thop.profile(probe, inputs=(example_images(image_size),), custom_ops=inherited, verbose=False)
     return int(macs), int(params)
 
 
-def torch_flops(model: nn.Module) -> int:
+def torch_flops(model: nn.Module, image_size: int = 32) -> int:
     """FLOPs of one image's forward pass, by PyTorch's operator-level counter."""
     probe = copy.deepcopy(model).cpu().eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        probe(example_images())
+        probe(example_images(image_size))
     return int(counter.get_total_flops())
 
 
-def model_cost(model: nn.Module) -> ModelCost:
-    macs, _ = thop_macs_and_params(model)
+def model_cost(model: nn.Module, image_size: int = 32) -> ModelCost:
+    """What one ``image_size`` x ``image_size`` image costs ``model``."""
+    macs, _ = thop_macs_and_params(model, image_size)
     params = sum(p.numel() for p in model.parameters())
     return ModelCost(params=params, macs_per_image=macs, flops_per_image=2 * macs)

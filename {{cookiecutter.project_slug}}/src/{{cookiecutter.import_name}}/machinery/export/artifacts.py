@@ -120,8 +120,8 @@ def find_data(options: ExportOptions, model: ImageClassifier, checkpoint: dict) 
         return None, f"no data: {error}"
 
 
-def check_parity(built: Built, reference: Predictor, tolerance: float) -> None:
-    built.parity = measure_parity(reference, built.predictor, tolerance=tolerance)
+def check_parity(built: Built, reference: Predictor, tolerance: float, image_size: int) -> None:
+    built.parity = measure_parity(reference, built.predictor, tolerance=tolerance, image_size=image_size)
     if not built.parity.ok:
         raise ExportCheckError(
             f"{FILE_NAMES[built.name]} does not reproduce PyTorch: {built.parity.describe()}; nothing was written "
@@ -138,7 +138,7 @@ def build(options: ExportOptions, model: ImageClassifier, data: RunData | None, 
         fp32 = staged.path(FILE_NAMES["onnx"]) if "onnx" in options.formats else work / FILE_NAMES["onnx"]
         export_onnx(model, fp32, opset=options.opset)
         built["onnx"] = Built("onnx", fp32, onnx_predictor(fp32))
-        check_parity(built["onnx"], eager, options.tolerance)
+        check_parity(built["onnx"], eager, options.tolerance, model.hparams.image_size)
     if "int8" in options.formats:
         assert data is not None  # find_data refuses int8 without data
         images = calibration_images(data.train_images, options.calibration_images)
@@ -150,7 +150,7 @@ def build(options: ExportOptions, model: ImageClassifier, data: RunData | None, 
         program = staged.path(FILE_NAMES["pt2"])
         export_program(model, program)
         built["pt2"] = Built("pt2", program, torch_predictor(load_program(program)))
-        check_parity(built["pt2"], eager, options.tolerance)
+        check_parity(built["pt2"], eager, options.tolerance, model.hparams.image_size)
     return built, calibration
 
 
@@ -207,8 +207,8 @@ def evaluation_record(options: ExportOptions, data: RunData | None, skipped: str
     if data is None or eager is None:
         return {"skipped": skipped}
     return {
-        "dataset": data.fmt.name,
-        "split": "test",
+        "dataset": data.name,
+        "split": data.split,
         "images": eager.images,
         "split_images": len(data.test_labels),
         "data_dir": str(data.data_dir),
@@ -230,7 +230,7 @@ def export_artifacts(options: ExportOptions) -> tuple[dict, list[Path]]:
             model,
             checkpoint,
             options.ckpt_path,
-            model_cost(model.network()),
+            model_cost(model.network(), model.hparams.image_size),
             shipped,
             eager.as_dict() if eager else None,
             evaluation_record(options, data, skipped, eager),

@@ -1,6 +1,7 @@
 """The contract every exported file keeps, and the sample inputs that trace and check it.
 
-Every artifact takes what a deployment has: uint8 RGB images, NCHW, shape (batch, 3, 32, 32),
+Every artifact takes what a deployment has: uint8 RGB images, NCHW, shape (batch, 3, S, S)
+(S: the image size the model was trained at),
 pixel values 0-255, with the normalization inside; it returns float32 logits (batch, classes).
 """
 
@@ -17,10 +18,10 @@ def dynamic_batch() -> dict[str, dict[int, torch.export.Dim]]:
     return {"images": {0: torch.export.Dim("batch", min=1, max=MAX_BATCH)}}
 
 
-def sample_images(batch: int, seed: int = 0) -> torch.Tensor:
-    """Deterministic, natural-looking uint8 images: smooth colour fields plus a little noise."""
+def sample_images(batch: int, seed: int = 0, size: int = 32) -> torch.Tensor:
+    """Deterministic, natural-looking uint8 images (batch, 3, size, size): smooth colour fields plus a little noise."""
     generator = torch.Generator().manual_seed(seed)
     coarse = torch.rand(batch, 3, 4, 4, generator=generator) * 255
-    smooth = torch.nn.functional.interpolate(coarse, size=(32, 32), mode="bilinear", align_corners=False)
-    noise = torch.randn(batch, 3, 32, 32, generator=generator) * 8
+    smooth = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    noise = torch.randn(batch, 3, size, size, generator=generator) * 8
     return (smooth + noise).clamp(0, 255).to(torch.uint8)

@@ -74,12 +74,16 @@ def describe_parity(parity: dict) -> str:
 
 
 def measure_parity(
-    reference: Predictor, candidate: Predictor, batch_sizes: tuple[int, ...] = (1, 7), tolerance: float = 1e-4
+    reference: Predictor,
+    candidate: Predictor,
+    batch_sizes: tuple[int, ...] = (1, 7),
+    tolerance: float = 1e-4,
+    image_size: int = 32,
 ) -> Parity:
     """Both runtimes on the same deterministic images, at each batch size (a dynamic batch must really be one)."""
     worst, same_argmax = 0.0, True
     for index, batch in enumerate(batch_sizes):
-        images = sample_images(batch, seed=index).numpy()
+        images = sample_images(batch, seed=index, size=image_size).numpy()
         expected, actual = reference(images), candidate(images)
         worst = max(worst, float(np.abs(actual - expected).max()))
         same_argmax &= bool((actual.argmax(axis=1) == expected.argmax(axis=1)).all())

@@ -14,6 +14,20 @@ from .evaluation import describe_parity
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
 
 
+RESIZE_RULES = {
+    "crop": "shorter side scaled to {size} px (bilinear, antialiased), then the centre {size}x{size} square",
+    "pad": "longer side scaled to {size} px (bilinear, antialiased), then padded with black to {size}x{size}",
+    "stretch": "each side scaled to {size} px (bilinear, antialiased)",
+}
+
+
+def resize_rule(checkpoint: dict, size: int) -> str:
+    """How an image of any size became the network's input in training (PIL, after EXIF rotation, as RGB)."""
+    settings = checkpoint.get("datamodule_hyper_parameters", {})
+    rule = settings.get("resize", "stretch" if "dataset" in settings else "crop")
+    return RESIZE_RULES.get(rule, rule).format(size=size)
+
+
 def backbone_settings(model: ImageClassifier, checkpoint: dict) -> dict:
     """The backbone as the run's config gave it (class_path and init_args), or its class when built in Python."""
     given = checkpoint.get("hyper_parameters", {}).get("backbone")
@@ -42,8 +56,9 @@ def build_card(
         "input": {
             "name": INPUT_NAME,
             "dtype": "uint8",
-            "shape": ["batch", 3, 32, 32],
+            "shape": ["batch", 3, hparams.image_size, hparams.image_size],
             "layout": "NCHW, RGB channels, pixel values 0-255",
+            "resize": resize_rule(checkpoint, hparams.image_size),
             "normalization": "inside the graph: (pixels / 255 - mean) / std",
             "mean": list(hparams.mean),
             "std": list(hparams.std),
@@ -143,6 +158,7 @@ def markdown(card: dict) -> str:
             f"- Network: {network_line(card['network'])}",
             f"- Input `{card['input']['name']}`: uint8 {card['input']['shape']}, {card['input']['layout']}; "
             f"{card['input']['normalization']}, mean {card['input']['mean']}, std {card['input']['std']}",
+            f"- Resize: {card['input']['resize']}",
             f"- Output `{card['output']['name']}`: float32 {card['output']['shape']} logits",
             f"- Classes ({len(card['class_names'])}): {names}",
             f"- Parameters: {cost['params']:,}; MACs per image: {cost['macs_per_image']:,}; "

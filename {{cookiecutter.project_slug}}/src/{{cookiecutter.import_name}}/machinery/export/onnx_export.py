@@ -16,7 +16,7 @@ def export_onnx(model: ImageClassifier, output: Path, opset: int | None = None) 
     try:
         torch.onnx.export(
             model,
-            (sample_images(2),),
+            (sample_images(2, size=model.hparams.image_size),),
             str(output),
             dynamo=True,
             external_data=False,

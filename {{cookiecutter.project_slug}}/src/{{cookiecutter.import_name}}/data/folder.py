@@ -1,0 +1,216 @@
+"""Your own labelled images (class folders, split folders, a CSV list or arrays) on the same fast path as CIFAR.
+
+The first ``fit`` decodes every image once, at ``image_size`` by the ``resize`` rule, into a
+packed copy under ``cache_dir`` (``machinery/packing.py``); every later command reuses it until
+an image or a packing setting changes. Validation and test images are held out by a seeded
+split, stratified by class, unless the source gives its own ``val``/``test`` splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from ..machinery.errors import check_choice
+from ..machinery.packing import (
+    IMBALANCE_RATIO,
+    PackedImages,
+    PackSettings,
+    class_table,
+    imbalance,
+    manifest_digest,
+    open_packed,
+    pack,
+    packed_folder,
+)
+from .dataset import MemmapBatches
+from .datamodule import ImageDataModule
+from .errors import DataError, DataSettingError
+from .image_files import Resize
+from .image_sources import LabelledImages, find_images
+
+# ImageNet's statistics: close to those of most photo collections, and what pretrained weights expect.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BadImagePolicy = Literal["skip", "error"]
+_found: dict[str, LabelledImages] = {}  # one walk of a folder per process (the CLI's fingerprint, then the module)
+
+
+def labelled_images(image_dir: str | Path) -> LabelledImages:
+    key = str(Path(image_dir).expanduser().resolve())
+    if key not in _found:
+        _found[key] = find_images(Path(key))
+    return _found[key]
+
+
+def stratified_split(labels: np.ndarray, fractions: tuple[float, float], seed: int) -> tuple[np.ndarray, ...]:
+    """Row indices (train, val, test): each class split by ``fractions`` (val, test), seeded, at least one left to train.
+
+    A class with at least two images gives at least one to each share asked for, so every class is validated.
+    """
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[], [], []]
+    for label in np.unique(labels):
+        rows = rng.permutation(np.flatnonzero(labels == label))
+        counts = [int(round(share * len(rows))) for share in fractions]
+        counts = [max(count, 1) if share > 0 and len(rows) > sum(counts) else count for count, share in zip(counts, fractions)]
+        while sum(counts) >= len(rows) and sum(counts) > 0:  # keep one to train on
+            counts[counts.index(max(counts))] -= 1
+        val_end = counts[0]
+        test_end = val_end + counts[1]
+        parts[1].append(rows[:val_end])
+        parts[2].append(rows[val_end:test_end])
+        parts[0].append(rows[test_end:])
+    return tuple(np.sort(np.concatenate(part)) if part else np.zeros(0, np.int64) for part in parts)
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Batches of your own images as uint8 (N, 3, image_size, image_size) tensors, packed once."""
+
+    def __init__(
+        self,
+        image_dir: str = "data/images",
+        image_size: int = 64,
+        resize: Resize = "crop",
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.0,
+        split_seed: int = 0,
+        cache_dir: str = "data/packed",
+        on_bad_image: BadImagePolicy = "skip",
+        pack_workers: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Configure the data.
+
+        Args:
+            image_dir: Folder of class folders (<class>/*.jpg), of train/val/test split folders, of .npy arrays
+                (images.npy, labels.npy), or a .csv list of path,label rows.
+            image_size: Side in pixels of the square images the network sees (every image is resized once, when packed).
+            resize: How an image becomes a square: crop (shorter side to image_size, centre cut), pad (longer side
+                to image_size, black borders) or stretch.
+            val_fraction: Share of each class's training images held out for validation (when no val split is given).
+            test_fraction: Share of each class's training images held out for testing (when no test split is
+                given); with 0, test reads the validation images.
+            split_seed: Seed of the fixed, stratified held-out split (independent of the run's seed).
+            cache_dir: Folder of packed copies (one per source and packing settings; image_dir is never written).
+            on_bad_image: What an unreadable, truncated or empty image does: skip (left out, listed beside the
+                packed copy) or error (the first one stops packing).
+            pack_workers: Processes decoding images while packing; default: one per CPU core.
+            **kwargs: How batches are served and augmented (``ImageDataModule``).
+        """
+        super().__init__(**kwargs)
+        check_choice("data.resize", resize, Resize)
+        check_choice("data.on_bad_image", on_bad_image, BadImagePolicy)
+        if not 8 <= image_size <= 1024:
+            raise ValueError(f"data.image_size must be between 8 and 1024 pixels, got {image_size}")
+        if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"data.val_fraction and data.test_fraction must be shares in [0, 1) that leave images to train on, "
+                f"got {val_fraction} and {test_fraction}"
+            )
+        self.image_dir = Path(image_dir).expanduser()
+        self.image_size = image_size
+        self.resize = resize
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.split_seed = split_seed
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.on_bad_image = on_bad_image
+        self.pack_workers = pack_workers
+        self.mean, self.std = IMAGENET_MEAN, IMAGENET_STD
+        self.found = labelled_images(self.image_dir)
+        self.title = f"images of {self.image_dir}"
+        self.class_names = list(self.found.class_names)
+        self.class_counts = self.found.class_counts("train")
+        if val_fraction == 0 and "val" not in self.found.splits:
+            raise ValueError(
+                f"data.val_fraction is 0 and {self.image_dir} has no val split, so nothing would be validated; "
+                "set data.val_fraction (e.g. 0.1)"
+            )
+        self.packed: PackedImages | None = None
+        self.tests_on_validation_set = False
+
+    @property
+    def settings(self) -> PackSettings:
+        return PackSettings(self.image_size, self.resize)
+
+    @classmethod
+    def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
+        """The manifest's digest (every image's path, size and time, and the packing settings): what is trained on."""
+        if stage == "predict" and settings.get("predict_dir"):
+            return f"images:{settings['predict_dir']}"
+        found = labelled_images(settings.get("image_dir", "data/images"))
+        pack_settings = PackSettings(int(settings.get("image_size", 64)), settings.get("resize", "crop"))
+        return f"images:{manifest_digest(found, pack_settings)}"
+
+    @override
+    def prepare_data(self) -> None:
+        if self._predicting_own_images():
+            return
+        packed = pack(
+            self.found, self.settings, self.cache_dir, workers=self.pack_workers, on_bad_image=self.on_bad_image
+        )
+        rank_zero_info(f"Data: images per class and split\n{class_table(packed)}")
+        train_counts = packed.meta["class_counts"]["train"]
+        ratio = imbalance(train_counts)
+        if ratio >= IMBALANCE_RATIO:
+            rank_zero_info(
+                f"Warning: the classes are strongly imbalanced ({max(train_counts)} training images in the largest, "
+                f"{min(train_counts)} in the smallest); model.balanced_loss: true weighs each class equally"
+            )
+
+    @override
+    def setup(self, stage: str) -> None:
+        if stage == "predict" and self.predict_dir is not None:
+            self.setup_own_predictions()
+            return
+        packed = open_packed(packed_folder(self.cache_dir, self.found, self.settings))
+        if packed is None:
+            raise DataError(f"no packed copy of {self.image_dir} in {self.cache_dir}; prepare_data() must run first")
+        self.packed = packed
+        train_split = packed.split("train")
+        labels = np.load(train_split.labels)
+        given_val, given_test = "val" in packed.splits, "test" in packed.splits
+        fractions = (0.0 if given_val else self.val_fraction, 0.0 if given_test else self.test_fraction)
+        train_rows, val_rows, test_rows = stratified_split(labels, fractions, self.split_seed)
+        train = MemmapBatches(train_split.images, train_split.labels, train_rows, with_ids=True)
+        val = self._split(packed, "val") if given_val else MemmapBatches(train_split.images, train_split.labels, val_rows)
+        if given_test:
+            test = self._split(packed, "test")
+        elif len(test_rows):
+            test = MemmapBatches(train_split.images, train_split.labels, test_rows)
+        else:
+            test = val
+        self.tests_on_validation_set = test is val
+        if len(val) == 0:
+            raise DataSettingError(
+                f"{self.image_dir}: no image is left for validation; add images or raise data.val_fraction"
+            )
+        self.serve(stage, train, val, test)
+        keys = packed.keys("test" if given_test else ("val" if given_val and test is val else "train"))
+        rows = test.indices if test.indices is not None else range(len(test))
+        self.predict_names = [keys[row] for row in rows]
+        if stage in ("test", "predict") and self.tests_on_validation_set:
+            rank_zero_info("Data: no test split (data.test_fraction is 0): test and predict read the validation images")
+
+    @staticmethod
+    def _split(packed: PackedImages, name: str) -> MemmapBatches:
+        split = packed.split(name)
+        return MemmapBatches(split.images, split.labels)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Where the packed copy is and which split tests: what ``export.py`` reads from a checkpoint."""
+        if self.packed is None:
+            return {}
+        test_split = "val" if self.tests_on_validation_set else "test"
+        return {"packed_copy": str(self.packed.root), "test_split": test_split}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to restore: the packed copy is found from the images themselves."""

@@ -1,0 +1,136 @@
+"""One image file (or array) to the network's input: 8-bit RGB, S x S, by one resize rule.
+
+Packing, ``predict`` on a folder and anything a deployment writes use this module, so the
+pixels a model is trained on and the pixels it is asked about are made the same way.
+
+- EXIF orientation is applied first (phone photos are stored rotated).
+- Every mode becomes 8-bit RGB: grayscale and palette are expanded; 16-bit and 32-bit integer
+  images are scaled to 8 bits (not clipped); CMYK is converted; transparency (RGBA, LA, a palette
+  with a transparent colour) is flattened onto white. Multi-frame files (GIF, TIFF) give their
+  first frame.
+- ``resize``: ``crop`` scales the shorter side to S and cuts the centre square (nothing is
+  distorted; the borders of the longer side are lost); ``pad`` scales the longer side to S and
+  pads the rest with black (nothing is lost); ``stretch`` scales each side to S.
+- A JPEG larger than needed is decoded at 1/2, 1/4 or 1/8 scale (``Image.draft``): the same
+  pixels after the final (antialiased) resize, several times faster for photos.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from PIL import Image, ImageOps
+from torch import Tensor
+
+from .errors import DataSettingError
+
+log = logging.getLogger(__name__)
+
+Resize = Literal["crop", "pad", "stretch"]
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+FLATTEN_ONTO = (255, 255, 255)  # the background transparent pixels are flattened onto
+RESAMPLING = Image.Resampling.BILINEAR  # antialiased when shrinking (PIL filters over the whole footprint)
+
+
+class BadImage(Exception):
+    """A file that cannot be read as an image; the message says why in a few words."""
+
+
+def is_image_file(path: Path) -> bool:
+    """An image by its extension (any case), not hidden (``.DS_Store``, ``._photo.jpg`` of macOS)."""
+    return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL mode as 8-bit RGB (see the module's docstring for each mode)."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        pixels = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if pixels.max(initial=0) > 255 or image.mode.startswith("I;16") else 255.0
+        image = Image.fromarray(np.clip(pixels * (255.0 / top) + 0.5, 0, 255).astype(np.uint8), "L")
+    elif image.mode == "F":
+        pixels = np.asarray(image, dtype=np.float64)
+        top = 1.0 if pixels.max(initial=0) <= 1.0 else 255.0
+        image = Image.fromarray(np.clip(pixels * (255.0 / top) + 0.5, 0, 255).astype(np.uint8), "L")
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (*FLATTEN_ONTO, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB") if image.mode != "RGB" else image
+
+
+def fit_to_square(image: Image.Image, size: int, resize: Resize = "crop") -> Image.Image:
+    """An RGB image as ``size`` x ``size`` by the rule ``resize`` (crop, pad or stretch)."""
+    if resize == "crop":
+        return ImageOps.fit(image, (size, size), method=RESAMPLING)
+    if resize == "pad":
+        return ImageOps.pad(image, (size, size), method=RESAMPLING, color=(0, 0, 0))
+    if resize == "stretch":
+        return image.resize((size, size), RESAMPLING)
+    raise ValueError(f"resize must be crop, pad or stretch, got {resize!r}")
+
+
+def decode_image(path: Path, size: int, resize: Resize = "crop") -> np.ndarray:
+    """The file at ``path`` as uint8 (size, size, 3); raises ``BadImage`` when it is not a readable image."""
+    try:
+        if path.stat().st_size == 0:
+            raise BadImage("empty file")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # a bomb is a bad image, not a warning
+            with Image.open(path) as image:
+                if image.format == "JPEG" and resize != "pad":
+                    # Shrinks by a power of two while decoding, never below size x size.
+                    image.draft("RGB", (size, size))
+                elif image.format == "JPEG":
+                    longer = max(image.size)
+                    image.draft("RGB", (image.size[0] * size // longer, image.size[1] * size // longer))
+                image.load()  # PIL reads lazily: a truncated file fails here, not in open()
+                upright = ImageOps.exif_transpose(image)
+                pixels = np.asarray(fit_to_square(to_rgb(upright), size, resize), dtype=np.uint8)
+    except BadImage:
+        raise
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        # UnidentifiedImageError and "image file is truncated" are OSErrors; PIL's plugins raise the others.
+        raise BadImage(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
+    return pixels
+
+
+def resize_array(pixels: np.ndarray, size: int, resize: Resize = "crop") -> np.ndarray:
+    """An (H, W, 3) uint8 image as (size, size, 3) by the same rule as files."""
+    if pixels.shape[:2] == (size, size):
+        return pixels
+    return np.asarray(fit_to_square(Image.fromarray(pixels, "RGB"), size, resize), dtype=np.uint8)
+
+
+def load_image_folder(folder: Path, size: int, resize: Resize = "crop") -> tuple[Tensor, list[str]]:
+    """Every image under ``folder`` as uint8 (N, 3, size, size), with its path relative to ``folder``, sorted.
+
+    For ``predict``: a file that cannot be read as an image is skipped with a one-line warning
+    naming it, so one bad file never stops the others.
+    """
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise DataSettingError(f"data.predict_dir={folder} is not a folder; point it at a folder of PNG/JPEG images")
+    images, names = [], []
+    for path in sorted(p for p in folder.rglob("*") if is_image_file(p) and p.is_file()):
+        try:
+            pixels = decode_image(path, size, resize)
+        except BadImage as error:
+            if rank_zero_only.rank == 0:
+                log.warning("skipped %s: not a readable image (%s)", path, error)
+            continue
+        images.append(pixels.transpose(2, 0, 1))
+        names.append(path.relative_to(folder).as_posix())
+    if not images:
+        raise DataSettingError(
+            f"data.predict_dir={folder} holds no readable image ({', '.join(IMAGE_SUFFIXES)}); "
+            "point it at a folder of images"
+        )
+    return torch.from_numpy(np.ascontiguousarray(np.stack(images))), names
