@@ -105,6 +105,53 @@ def run_cli(
     return result
 
 
+def write_image_folder(
+    folder: Path, classes: tuple[str, ...] = ("cat", "dog", "fish cake"), per_class: int = 24
+) -> Path:
+    """Class folders of small photos-like files of mixed sizes, formats and modes, with fixed modification times.
+
+    Each class has its own colour, so a tiny network learns them; the fixed times make the same images
+    written in two folders the same data (the manifest records sizes and times).
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(classes):
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for index in range(per_class):
+            width, height = (int(side) for side in rng.integers(24, 120, 2))
+            pixels = rng.integers(0, 60, (height, width, 3)) + np.eye(3, dtype=np.int64)[label % 3] * 180
+            image = Image.fromarray(pixels.astype(np.uint8))
+            kind = index % 4
+            path = folder / name / f"{index:03d}.{('jpg', 'png', 'PNG', 'webp')[kind]}"
+            (image if kind != 2 else image.convert("RGBA")).save(path, **({"quality": 95} if kind == 0 else {}))
+            os.utime(path, ns=(1_700_000_000_000_000_000 + index, 1_700_000_000_000_000_000 + index))
+    return folder
+
+
+def images_args(image_dir: Path | str, *extra: str) -> list[str]:
+    """``fit`` with configs/images.yaml on ``image_dir``, tiny and quiet; ``extra`` comes last and wins."""
+    return [
+        "fit",
+        "--config",
+        str(PROJECT_ROOT / "configs" / "images.yaml"),
+        f"--data.image_dir={image_dir}",
+        "--data.image_size=32",
+        "--data.val_fraction=0.25",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--data.pack_workers=2",
+        "--model.backbone=FastCNN",
+        "--model.backbone.width=4",
+        "--trainer.accelerator=cpu",
+        "--trainer.max_epochs=2",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        *extra,
+    ]
+
+
 def default_config() -> Path:
     return PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"
 

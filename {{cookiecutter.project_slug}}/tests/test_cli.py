@@ -69,7 +69,7 @@ def test_fit_writes_checkpoints_logs_and_config(trained):
     assert [e.step for e in events.Scalars("val/top1")] == [checkpoint["global_step"] - 1]
     assert "model/cost/text_summary" in tags["tensors"]  # the model's cost, in the TEXT tab
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert config["model"]["backbone"]["init_args"]["width"] == 4 and config["data"]["batch_size"] == 16
+    assert config["model"]["backbone"]["init_args"]["width"] == 4 and config["data"]["init_args"]["batch_size"] == 16
     # Where files go is recorded as given, not as placed, so config.yaml names this run again from anywhere.
     assert config["trainer"]["logger"]["init_args"]["version"] is None and config["ckpt_path"] is None
 
@@ -132,7 +132,8 @@ def test_print_config_shows_the_resolved_config(tmp_path, monkeypatch, capsys):
     args = ("--config", str(default_config()), "--model.backbone=FastCNN", "--model.backbone.width=8", "--print_config")
     config = yaml.safe_load(main_output(tmp_path, monkeypatch, capsys, "fit", *args))
     assert config["model"]["backbone"]["init_args"]["width"] == 8
-    assert config["data"]["dataset"] == "{{ cookiecutter.dataset }}"
+    assert config["data"]["class_path"] == "{{ cookiecutter.import_name }}.data.CifarDataModule"
+    assert config["data"]["init_args"]["dataset"] == "{{ cookiecutter.dataset }}"
     assert "num_classes" not in config["model"]  # linked from the data, not typed twice
     assert not (tmp_path / "runs").exists()
 

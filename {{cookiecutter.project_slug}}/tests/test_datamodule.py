@@ -119,11 +119,12 @@ def test_a_global_batch_that_does_not_divide_is_refused(data_dir):
 
 
 def test_batch_size_is_out_of_the_runs_identity_when_global_batch_size_replaces_it():
-    base = {"data": {"batch_size": 512, "global_batch_size": 64}, "model": {}}
-    other = {"data": {"batch_size": 16, "global_batch_size": 64}, "model": {}}
-    assert canonical_config(base) == canonical_config(other)
-    per_device = {"data": {"batch_size": 16, "global_batch_size": None}, "model": {}}
-    assert canonical_config(per_device) != canonical_config({"data": {"batch_size": 32, "global_batch_size": None}})
+    def config(batch_size: int, global_batch_size: int | None) -> dict:
+        settings = {"batch_size": batch_size, "global_batch_size": global_batch_size}
+        return {"data": {"class_path": "CifarDataModule", "init_args": settings}, "model": {}}
+
+    assert canonical_config(config(512, 64)) == canonical_config(config(16, 64))
+    assert canonical_config(config(16, None)) != canonical_config(config(32, None))
 
 
 def test_distributed_evaluation_shards_are_disjoint_and_unpadded(data_dir):

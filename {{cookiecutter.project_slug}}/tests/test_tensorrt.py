@@ -50,7 +50,8 @@ def test_engine_script_builds_fp16_and_int8_engines_with_the_exported_input_name
     assert result.returncode == 0, result.stderr
     fp16, int8 = log.read_text().splitlines()
     shapes = " ".join(
-        f"--{kind}Shapes={INPUT_NAME}:{batch}x3x{size}x{size}" for kind, batch in (("min", 1), ("opt", 256), ("max", 1024))
+        f"--{kind}Shapes={INPUT_NAME}:{batch}x3x{size}x{size}"
+        for kind, batch in (("min", 1), ("opt", 256), ("max", 1024))
     )
     assert fp16 == f"--onnx={exported}/model.onnx --saveEngine={exported}/model.fp16.plan --fp16 {shapes}"
     assert int8 == f"--onnx={exported}/model.int8.onnx --saveEngine={exported}/model.int8.plan --int8 --fp16 {shapes}"

@@ -11,8 +11,8 @@ from typing_extensions import override
 
 from .archive import Cache, fingerprint, load_cache, prepare
 from .cifar_format import FORMATS
-from .dataset import MemmapBatches
 from .datamodule import ImageDataModule
+from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
 
 

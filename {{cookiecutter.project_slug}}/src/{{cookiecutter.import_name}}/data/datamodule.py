@@ -111,7 +111,9 @@ class ImageDataModule(L.LightningDataModule):
             raise ValueError(f"data.crop_padding and data.cutout must be 0 or more, got {crop_padding} and {cutout}")
         low, high = resized_crop_scale
         if not 0 < low <= high <= 1:
-            raise ValueError(f"data.resized_crop_scale must be two shares 0 < low <= high <= 1, got {resized_crop_scale}")
+            raise ValueError(
+                f"data.resized_crop_scale must be two shares 0 < low <= high <= 1, got {resized_crop_scale}"
+            )
         check_choice("data.storage", storage, Storage)
         self.batch_size = batch_size
         self.global_batch_size = global_batch_size
@@ -120,7 +122,14 @@ class ImageDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.storage = storage
-        self._augment_settings = (crop_padding, crop_padding_mode, random_resized_crop, resized_crop_scale, flip, cutout)
+        self._augment_settings = (
+            crop_padding,
+            crop_padding_mode,
+            random_resized_crop,
+            resized_crop_scale,
+            flip,
+            cutout,
+        )
         self.augment = BatchAugment(0, flip, cutout, crop_padding_mode)  # checks the choices now; sized in setup()
         self.predict_dir = Path(predict_dir) if predict_dir else None
         self.resident: dict[str, ResidentBatches] = {}

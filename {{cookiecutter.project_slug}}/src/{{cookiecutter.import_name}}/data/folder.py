@@ -28,8 +28,8 @@ from ..machinery.packing import (
     pack,
     packed_folder,
 )
-from .dataset import MemmapBatches
 from .datamodule import ImageDataModule
+from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
 from .image_files import Resize
 from .image_sources import LabelledImages, find_images
@@ -49,7 +49,7 @@ def labelled_images(image_dir: str | Path) -> LabelledImages:
 
 
 def stratified_split(labels: np.ndarray, fractions: tuple[float, float], seed: int) -> tuple[np.ndarray, ...]:
-    """Row indices (train, val, test): each class split by ``fractions`` (val, test), seeded, at least one left to train.
+    """Row indices (train, val, test): each class split by ``fractions`` (val, test), seeded; one always trains.
 
     A class with at least two images gives at least one to each share asked for, so every class is validated.
     """
@@ -57,10 +57,14 @@ def stratified_split(labels: np.ndarray, fractions: tuple[float, float], seed: i
     parts: list[list[np.ndarray]] = [[], [], []]
     for label in np.unique(labels):
         rows = rng.permutation(np.flatnonzero(labels == label))
-        counts = [int(round(share * len(rows))) for share in fractions]
-        counts = [max(count, 1) if share > 0 and len(rows) > sum(counts) else count for count, share in zip(counts, fractions)]
-        while sum(counts) >= len(rows) and sum(counts) > 0:  # keep one to train on
-            counts[counts.index(max(counts))] -= 1
+        counts = [round(share * len(rows)) for share in fractions]
+        counts = [
+            max(count, 1) if share > 0 and len(rows) > sum(counts) else count
+            for count, share in zip(counts, fractions, strict=True)
+        ]
+        while sum(counts) >= len(rows) and sum(counts) > 0:  # keep one to train on: take from test first
+            last = max(index for index, count in enumerate(counts) if count > 0)
+            counts[last] -= 1
         val_end = counts[0]
         test_end = val_end + counts[1]
         parts[1].append(rows[:val_end])
@@ -179,7 +183,9 @@ class ImageFolderDataModule(ImageDataModule):
         fractions = (0.0 if given_val else self.val_fraction, 0.0 if given_test else self.test_fraction)
         train_rows, val_rows, test_rows = stratified_split(labels, fractions, self.split_seed)
         train = MemmapBatches(train_split.images, train_split.labels, train_rows, with_ids=True)
-        val = self._split(packed, "val") if given_val else MemmapBatches(train_split.images, train_split.labels, val_rows)
+        val = (
+            self._split(packed, "val") if given_val else MemmapBatches(train_split.images, train_split.labels, val_rows)
+        )
         if given_test:
             test = self._split(packed, "test")
         elif len(test_rows):

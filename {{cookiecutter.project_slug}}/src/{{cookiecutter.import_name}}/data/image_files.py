@@ -38,7 +38,7 @@ FLATTEN_ONTO = (255, 255, 255)  # the background transparent pixels are flattene
 RESAMPLING = Image.Resampling.BILINEAR  # antialiased when shrinking (PIL filters over the whole footprint)
 
 
-class BadImage(Exception):
+class BadImageError(Exception):
     """A file that cannot be read as an image; the message says why in a few words."""
 
 
@@ -78,10 +78,10 @@ def fit_to_square(image: Image.Image, size: int, resize: Resize = "crop") -> Ima
 
 
 def decode_image(path: Path, size: int, resize: Resize = "crop") -> np.ndarray:
-    """The file at ``path`` as uint8 (size, size, 3); raises ``BadImage`` when it is not a readable image."""
+    """The file at ``path`` as uint8 (size, size, 3); raises ``BadImageError`` when it is not a readable image."""
     try:
         if path.stat().st_size == 0:
-            raise BadImage("empty file")
+            raise BadImageError("empty file")
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # a bomb is a bad image, not a warning
             with Image.open(path) as image:
@@ -94,11 +94,11 @@ def decode_image(path: Path, size: int, resize: Resize = "crop") -> np.ndarray:
                 image.load()  # PIL reads lazily: a truncated file fails here, not in open()
                 upright = ImageOps.exif_transpose(image)
                 pixels = np.asarray(fit_to_square(to_rgb(upright), size, resize), dtype=np.uint8)
-    except BadImage:
+    except BadImageError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         # UnidentifiedImageError and "image file is truncated" are OSErrors; PIL's plugins raise the others.
-        raise BadImage(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
+        raise BadImageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
     return pixels
 
 
@@ -122,7 +122,7 @@ def load_image_folder(folder: Path, size: int, resize: Resize = "crop") -> tuple
     for path in sorted(p for p in folder.rglob("*") if is_image_file(p) and p.is_file()):
         try:
             pixels = decode_image(path, size, resize)
-        except BadImage as error:
+        except BadImageError as error:
             if rank_zero_only.rank == 0:
                 log.warning("skipped %s: not a readable image (%s)", path, error)
             continue

@@ -119,7 +119,7 @@ def _from_folders(root: Path) -> LabelledImages:
         by_split = {split: root / name for name, split in given.items()}
         class_names = _class_folders(by_split["train"])
         _check_classes(root, class_names)
-        for split, folder in by_split.items():
+        for folder in by_split.values():
             extra = sorted(set(_class_folders(folder)) - set(class_names))
             if extra:
                 raise _refuse(
@@ -129,7 +129,6 @@ def _from_folders(root: Path) -> LabelledImages:
                 )
         splits = {split: _from_class_folders(root, folder, class_names, split) for split, folder in by_split.items()}
         return LabelledImages(root, "split folders", class_names, splits)
-    _check_classes(root, top)
     loose = sum(1 for path in root.iterdir() if path.is_file() and is_image_file(path))
     if loose and not top:
         raise _refuse(
@@ -137,6 +136,7 @@ def _from_folders(root: Path) -> LabelledImages:
             f"holds {loose} images but no class folders",
             "put each class's images in a folder named after the class (image_dir/<class>/*.jpg)",
         )
+    _check_classes(root, top)
     return LabelledImages(root, "class folders", top, {"train": _from_class_folders(root, root, top, "train")})
 
 
@@ -171,7 +171,9 @@ def _from_csv(csv_path: Path) -> LabelledImages:
             raise _refuse(csv_path, f"row {number} has the split {row[2].strip()!r}", "use train, val or test")
         stat = path.stat()
         key = os.path.relpath(path, root)
-        splits.setdefault(split, []).append(Entry(Path(key).as_posix(), labels[row[1].strip()], stat.st_size, stat.st_mtime_ns))
+        splits.setdefault(split, []).append(
+            Entry(Path(key).as_posix(), labels[row[1].strip()], stat.st_size, stat.st_mtime_ns)
+        )
     if "train" not in splits:
         raise _refuse(csv_path, "has no training rows", "leave the split column empty or 'train' for training images")
     return LabelledImages(root, "csv", class_names, splits)
@@ -179,7 +181,7 @@ def _from_csv(csv_path: Path) -> LabelledImages:
 
 def array_pair(folder: Path, split: str) -> tuple[Path, Path] | None:
     """The (images, labels) files of ``split`` in an arrays folder (``images.npy`` counts as train)."""
-    for prefix in ((f"{split}_",) if split != "train" else ("train_", "")):
+    for prefix in (f"{split}_",) if split != "train" else ("train_", ""):
         images, labels = folder / f"{prefix}images.npy", folder / f"{prefix}labels.npy"
         if images.is_file():
             if not labels.is_file():
@@ -227,7 +229,9 @@ def _from_arrays(folder: Path) -> LabelledImages:
     if names_file.is_file():
         class_names = [line.strip() for line in names_file.read_text(encoding="utf-8").splitlines() if line.strip()]
         if len(class_names) <= highest:
-            raise _refuse(folder, f"classes.txt names {len(class_names)} classes, labels go up to {highest}", "name every class")
+            raise _refuse(
+                folder, f"classes.txt names {len(class_names)} classes, labels go up to {highest}", "name every class"
+            )
         files.append(names_file)
     else:
         class_names = [str(index) for index in range(highest + 1)]
@@ -241,9 +245,13 @@ def find_images(path: Path) -> LabelledImages:
     if path.is_file() and path.suffix.lower() == ".csv":
         found = _from_csv(path)
     elif not path.exists():
-        raise _refuse(path, "does not exist", "point it at a folder of class folders, a .csv list or a folder of .npy arrays")
+        raise _refuse(
+            path, "does not exist", "point it at a folder of class folders, a .csv list or a folder of .npy arrays"
+        )
     elif not path.is_dir():
-        raise _refuse(path, "is neither a folder nor a .csv file", "point it at a folder of class folders or a .csv list")
+        raise _refuse(
+            path, "is neither a folder nor a .csv file", "point it at a folder of class folders or a .csv list"
+        )
     elif array_pair(path, "train") is not None:
         found = _from_arrays(path)
     else:

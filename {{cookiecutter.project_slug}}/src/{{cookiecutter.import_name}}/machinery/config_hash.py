@@ -42,7 +42,8 @@ EXCLUDED_KEYS: tuple[str, ...] = (
 )
 # Keys left out when another key, set, replaces them (what is left is what the run computes with).
 REPLACED_BY: dict[str, str] = {
-    "data.init_args.batch_size": "data.init_args.global_batch_size",  # the per-device batch then follows from the global one
+    # the per-device batch then follows from the global one
+    "data.init_args.batch_size": "data.init_args.global_batch_size",
 }
 
 

@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from tqdm import tqdm
 
 from ..data.errors import DataError, DataSettingError
-from ..data.image_files import BadImage, Resize, decode_image, resize_array
+from ..data.image_files import BadImageError, Resize, decode_image, resize_array
 from ..data.image_sources import LabelledImages, read_array_images
 from .files import Partial, remove_stale_partials
 
@@ -131,7 +131,7 @@ def _decode(task: tuple[str, str, int, str]) -> tuple[bytes | None, str]:
         return pixels.transpose(2, 0, 1).tobytes(), ""
     try:
         pixels = decode_image(Path(root, key), size, resize)  # type: ignore[arg-type]
-    except BadImage as error:
+    except BadImageError as error:
         return None, str(error)
     return pixels.transpose(2, 0, 1).tobytes(), ""
 
@@ -185,7 +185,9 @@ def _write_split(
         keys.append(entry.key)
     images.flush()
     if len(keys) < len(entries):  # bad files left out: keep only the rows written
-        kept = np.lib.format.open_memmap(partial / f".{split}.npy", mode="w+", dtype=np.uint8, shape=(len(keys), *shape[1:]))
+        kept = np.lib.format.open_memmap(
+            partial / f".{split}.npy", mode="w+", dtype=np.uint8, shape=(len(keys), *shape[1:])
+        )
         kept[:] = images[: len(keys)]
         kept.flush()
         del images, kept
@@ -275,7 +277,7 @@ def pack(
     )
     if meta["bad_images"]:
         rank_zero_info(
-            f"Warning: left out {meta['bad_images']} unreadable images; {folder / BAD_IMAGES} lists each with the reason"
+            f"Warning: left out {meta['bad_images']} unreadable images; {folder / BAD_IMAGES} lists each and why"
         )
     return packed
 

@@ -290,10 +290,12 @@ def _read_weights(path: Path, name: str) -> dict[str, Tensor]:
     if not isinstance(state, dict) or not all(isinstance(value, Tensor) for value in state.values()):
         raise ValueError(f"model.backbone.weights_path={path} does not hold a state_dict of tensors")
     reference = torchvision.models.get_model(name).state_dict()
-    missing = sorted(set(reference) - set(state))
+    missing, unexpected = sorted(set(reference) - set(state)), sorted(set(state) - set(reference))
     shapes = [key for key in reference if key in state and state[key].shape != reference[key].shape]
-    if missing or shapes:
-        detail = f"missing {missing[:3]}" if missing else f"other shapes for {shapes[:3]}"
+    if missing or unexpected or shapes:
+        detail = (
+            f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected else f"other shapes for {shapes[:3]}"
+        )
         raise ValueError(f"model.backbone.weights_path={path} are not weights of torchvision's {name} ({detail})")
     return state
 
@@ -324,14 +326,15 @@ def build_backbone(backbone: BackboneFactory, num_classes: int, image_size: int 
     except Exception as error:
         raise ValueError(
             f"model.backbone {type(network).__name__}({num_classes}) cannot classify a (1, 3, {image_size}, "
-            f"{image_size}) image ({type(error).__name__}: {error}); choose another data.image_size or backbone"
+            f"{image_size}) image ({type(error).__name__}: {error}); model.backbone must be a class taking num_classes first "
+            "that takes images of data.image_size"
         ) from error
     finally:
         network.train(training)
     if tuple(logits.shape) != (1, num_classes):
         raise ValueError(
-            f"model.backbone {type(network).__name__}({num_classes}) maps a (1, 3, {image_size}, {image_size}) image to "
-            f"{tuple(logits.shape)}, not to (1, {num_classes}) logits; model.backbone must be a class taking "
+            f"model.backbone {type(network).__name__}({num_classes}) maps a (1, 3, {image_size}, {image_size}) "
+            f"image to {tuple(logits.shape)}, not to (1, {num_classes}) logits; model.backbone must be a class taking "
             "num_classes first"
         )
     return network

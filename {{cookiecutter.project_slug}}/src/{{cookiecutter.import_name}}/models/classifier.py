@@ -125,7 +125,9 @@ class ImageClassifier(L.LightningModule):
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         self.compiled_backbone: Callable[[Tensor], Tensor] | None = None
-        self.criterion = nn.CrossEntropyLoss(weight=class_weights(class_counts, balanced_loss), label_smoothing=label_smoothing)
+        self.criterion = nn.CrossEntropyLoss(
+            weight=class_weights(class_counts, balanced_loss), label_smoothing=label_smoothing
+        )
         metrics = MetricCollection(
             {
                 "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),

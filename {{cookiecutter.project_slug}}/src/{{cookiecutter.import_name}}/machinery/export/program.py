@@ -20,7 +20,9 @@ from .errors import ExportError
 def export_program(model: ImageClassifier, output: Path) -> None:
     """Trace the eval-mode network with a dynamic batch and save it to ``output``."""
     try:
-        program = torch.export.export(model, (sample_images(2, size=model.hparams.image_size),), dynamic_shapes=dynamic_batch())
+        program = torch.export.export(
+            model, (sample_images(2, size=model.hparams.image_size),), dynamic_shapes=dynamic_batch()
+        )
         torch.export.save(program, str(output))
     except Exception as error:
         raise ExportError(f"torch.export failed ({type(error).__name__}: {error})") from error

@@ -142,14 +142,19 @@ def _held_out(packed: PackedImages, settings: dict) -> RunData:
     train_images = np.load(train.images, mmap_mode="r")
     labels = np.load(train.labels)
     given_val, given_test = "val" in packed.splits, "test" in packed.splits
-    fractions = (0.0 if given_val else settings.get("val_fraction", 0.1), 0.0 if given_test else settings.get("test_fraction", 0.0))
+    fractions = (
+        0.0 if given_val else settings.get("val_fraction", 0.1),
+        0.0 if given_test else settings.get("test_fraction", 0.0),
+    )
     train_rows, val_rows, test_rows = stratified_split(labels, fractions, settings.get("split_seed", 0))
     name = f"images:{Path(packed.meta['source']).name}"
     calibration = Rows(train_images, train_rows)  # never a held-out image
     for split, given, rows in (("test", given_test, test_rows), ("val", given_val, val_rows)):
         if given:
             arrays = packed.split(split)
-            return RunData(name, packed.root, calibration, np.load(arrays.images, mmap_mode="r"), np.load(arrays.labels), split)
+            return RunData(
+                name, packed.root, calibration, np.load(arrays.images, mmap_mode="r"), np.load(arrays.labels), split
+            )
         if len(rows):
             return RunData(name, packed.root, calibration, Rows(train_images, rows), labels[rows], split)
     raise MissingDataError(f"the packed copy {packed.root} has no held-out images to judge the export on")
