@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.data.cifar_format import write_archive
+from {{ cookiecutter.import_name }}.data.folder import stratified_split
 from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 
 from .conftest import (
@@ -29,6 +30,7 @@ from .conftest import (
     PROJECT_ROOT,
     cli_env,
     default_config,
+    images_args,
     make_images,
     only_run_dir,
     run_cli,
@@ -127,6 +129,40 @@ def test_distributed_validation_equals_single_process(ddp_run, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["main.py"])
     single = TrainerCLI(args=["validate", *args, "--trainer.devices=1"]).trainer.callback_metrics["val/top1"]
     assert two_process == pytest.approx(float(single), abs=1e-6)
+
+
+def write_indexed_folder(folder: Path, per_class: int = 16) -> Path:
+    """Class folders of 32x32 PNGs (packed as they are) whose first two red pixels carry their packed row."""
+    from PIL import Image
+
+    for label, name in enumerate(("ant", "bee", "cow")):
+        (folder / name).mkdir(parents=True)
+        for index in range(per_class):
+            row = label * per_class + index  # the packed order: by class, then by file name
+            pixels = np.full((32, 32, 3), 60 * label, dtype=np.uint8)
+            pixels[0, 0, 0], pixels[0, 1, 0] = row // 256, row % 256  # channel 0, as DataProbe reads them
+            Image.fromarray(pixels).save(folder / name / f"{index:03d}.png")
+    return folder
+
+
+def test_two_processes_on_a_packed_folder_train_on_disjoint_shards_to_identical_weights(tmp_path):
+    photos = write_indexed_folder(tmp_path / "photos")
+    probe = tmp_path / "probe.yaml"
+    callback = {"class_path": "tests.probes.DataProbe", "init_args": {"output_dir": str(tmp_path / "probe")}}
+    probe.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
+    ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--config", str(probe)]
+    args = images_args(photos, *ddp, "--trainer.devices=2", "--data.flip=none", "--data.random_resized_crop=false")
+    result = run_cli(*args, "--data.crop_padding=0", "--data.batch_size=4", cwd=tmp_path)
+    assert result.stdout.count("Data: packed 48 images") + result.stderr.count("Data: packed 48 images") == 1
+    records = [json.loads((tmp_path / "probe" / f"rank{rank}.json").read_text()) for rank in range(2)]
+    (packed,) = (tmp_path / "data" / "packed").glob("photos-32px-*")
+    train_rows = stratified_split(np.load(packed / "train_labels.npy"), (0.25, 0.0), seed=0)[0]
+    for epoch in ("0", "1"):
+        shards = [set(record["ids"][epoch]) for record in records]
+        # 36 training rows in steps of 2 x 4: each epoch's permutation drops the 4 left over
+        assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 32
+        assert shards[0] | shards[1] <= set(train_rows.tolist())
+    assert records[0]["weights"] == records[1]["weights"]
 
 
 def test_torchrun_launch(tmp_path):

@@ -31,9 +31,11 @@ from .conftest import (
     cli_env,
     default_config,
     fit_args,
+    images_args,
     only_run_dir,
     run_cli,
     slurm_stand_ins,
+    write_image_folder,
     write_tiny_archive,
 )
 
@@ -239,6 +241,19 @@ def test_an_accumulating_run_stops_after_the_step_and_resumes_exactly(tmp_path, 
     assert torch.load(last, weights_only=True)["global_step"] == 10 + 4
     run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
     assert_same_run(reference(args), tmp_path)
+
+
+def image_folder(data_dir: Path) -> None:
+    write_image_folder(data_dir / "images", per_class=24)
+
+
+@pytest.mark.every_render
+def test_a_run_on_a_folder_of_images_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(
+    tmp_path, reference
+):
+    # 54 training images in 6 batches of 8 after the held-out quarter; two loader workers over the packed copy.
+    args = images_args("data/images", "--trainer.max_epochs=3", "--data.num_workers=2", KILL_PROBE)
+    reference_and_resumed(tmp_path, reference, args, ["train_batch:1:3@SIGTERM"], write_data=image_folder)
 
 
 # Stacked configs that replace a default list (lists are replaced, not merged): what the run relies
