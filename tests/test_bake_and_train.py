@@ -23,14 +23,20 @@ pytestmark = pytest.mark.slow
 # tests, takes about 26 minutes): a hang fails it without waiting for the CI limit.
 # The only reasons a rendered test may be skipped: no GPU, no browser for the TensorBoard pages.
 ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium")
+# A render whose pytest arguments are None is only trained and exported (its suite differs from the
+# others' in the dataset's name alone).
 RENDERS = [
     pytest.param(({"project_name": "Baked Default"}, ["-m", "slow or not slow"], 2700), id="defaults"),
     pytest.param(
         (
-            {"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"},
+            {"project_name": "Baked Photos", "dataset": "images", "backbone": "resnet18"},
             ["-m", "not slow or every_render"],
             1200,
         ),
+        id="images-resnet18",
+    ),
+    pytest.param(
+        ({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, None, 0),
         id="cifar100-resnet18",
     ),
 ]
@@ -58,13 +64,7 @@ def installed(bake, request):
     subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", project.name], check=False)
 
 
-@pytest.mark.parametrize("installed", RENDERS, indirect=True)
-def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
-    project, pytest_args, budget = installed
-    package = next((project / "src").iterdir()).name
-    dataset = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]["dataset"]
-
-    report = tmp_path / "junit.xml"
+def run_own_suite(project: Path, pytest_args: list[str], budget: float, report: Path) -> None:
     run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *pytest_args,
         cwd=project, timeout=budget)  # fmt: skip
     suite = ElementTree.parse(report).getroot().find("testsuite")
@@ -74,6 +74,56 @@ def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
         if skipped is not None:
             reason = skipped.get("message", "")
             assert reason.startswith(ALLOWED_SKIPS), f"{case.get('name')} was skipped: {reason}"
+
+
+def train_and_export_a_folder_of_photos(project: Path, package: str, tmp_path: Path) -> None:
+    """The rendered README's commands on class folders of JPEG/PNG files of mixed sizes and modes, one of them bad."""
+    write = (
+        "import sys, numpy as np\n"
+        "from pathlib import Path\n"
+        "from PIL import Image\n"
+        "rng = np.random.default_rng(0)\n"
+        "for label, name in enumerate(['cat', 'dog', 'red panda']):\n"
+        "    (Path(sys.argv[1]) / name).mkdir(parents=True)\n"
+        "    for index in range(30):\n"
+        "        size = tuple(int(side) for side in rng.integers(40, 300, 2))\n"
+        "        pixels = rng.integers(0, 80, (size[1], size[0], 3)) + np.eye(3, dtype=int)[label] * 170\n"
+        "        image = Image.fromarray(pixels.astype(np.uint8))\n"
+        "        if index % 3 == 1: image = image.convert('L')\n"
+        '        image.save(Path(sys.argv[1]) / name / f\'{index}.{("jpg", "png", "JPG")[index % 3]}\')\n'
+        "(Path(sys.argv[1]) / 'cat' / 'broken.jpg').write_bytes(b'not an image')\n"
+    )
+    photos = tmp_path / "photos"
+    run(sys.executable, "-c", write, str(photos), cwd=tmp_path)
+    fit = run(
+        sys.executable, str(project / "main.py"), "fit", "--config", str(project / "configs" / "images.yaml"),
+        f"--data.image_dir={photos}", "--data.batch_size=16", "--data.num_workers=0", "--trainer.accelerator=cpu",
+        "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1", cwd=tmp_path,
+    )  # fmt: skip
+    output = fit.stderr + fit.stdout
+    assert "Data: packed 90 images" in output and "left out 1 unreadable images" in output
+    (run_dir,) = [p.parent for p in (tmp_path / "runs" / "images").glob("*/config.yaml")]
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["data"]["init_args"]["image_dir"] == str(photos) and saved["data"]["init_args"]["image_size"] == 64
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    run(sys.executable, str(project / "export.py"), "--ckpt_path", str(checkpoint), "--max_int8_drop", "100",
+        cwd=tmp_path)  # fmt: skip
+    card = json.loads((checkpoint.parent / "export" / "model.card.json").read_text())
+    assert card["input"]["shape"] == ["batch", 3, 64, 64] and card["class_names"] == ["cat", "dog", "red panda"]
+    assert card["network"]["class_path"].endswith(".TorchvisionNet") and card["evaluation"]["split"] == "val"
+
+
+@pytest.mark.parametrize("installed", RENDERS, indirect=True)
+def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
+    project, pytest_args, budget = installed
+    package = next((project / "src").iterdir()).name
+    dataset = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]["dataset"]
+
+    if pytest_args is not None:
+        run_own_suite(project, pytest_args, budget, tmp_path / "junit.xml")
+    if dataset == "images":
+        train_and_export_a_folder_of_photos(project, package, tmp_path)
+        return
 
     # A tiny archive in the official on-disk format, written by the project's own packer.
     data_dir = tmp_path / "data"
@@ -102,7 +152,7 @@ def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
 
     (run_dir,) = [p.parent for p in (tmp_path / "runs" / dataset).glob("*/config.yaml")]
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["data"]["dataset"] == dataset and saved["data"]["data_dir"] == str(data_dir)
+    assert saved["data"]["init_args"]["dataset"] == dataset and saved["data"]["init_args"]["data_dir"] == str(data_dir)
     assert list(run_dir.glob("events.out.tfevents.*"))
 
     check = (

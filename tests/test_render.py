@@ -39,6 +39,7 @@ COMMON_FILES = {
     "docs/design_decisions.md",
     "docs/install.md",
     "docs/logging.md",
+    "docs/own_data.md",
     "docs/runs.md",
     "docs/shipping.md",
     "docs/sweeps.md",
@@ -49,6 +50,8 @@ COMMON_FILES = {
     "export.py",
     "sweep.py",
     "configs/cifar10_fast.yaml",
+    "configs/images.yaml",
+    "configs/presets/pretrained.yaml",
     "configs/presets/early_stopping.yaml",
     "configs/presets/ddp.yaml",
     "configs/presets/debug.yaml",
@@ -85,6 +88,7 @@ COMMON_FILES = {
     "tests/test_guarantees.py",
     "tests/test_host_sync.py",
     "tests/test_model.py",
+    "tests/test_own_images.py",
     "tests/test_predict.py",
     "tests/test_private_routes.py",
     "tests/test_reproducibility.py",
@@ -98,6 +102,7 @@ PACKAGE_FILES = {
     "__init__.py",
     "callbacks/__init__.py",
     "callbacks/confusion_matrix.py",
+    "callbacks/freeze_backbone.py",
     "callbacks/grad_scale_watchdog.py",
     "callbacks/gradient_histograms.py",
     "callbacks/lookahead.py",
@@ -111,11 +116,14 @@ PACKAGE_FILES = {
     "data/archive.py",
     "data/augment.py",
     "data/batches.py",
+    "data/cifar.py",
     "data/cifar_format.py",
     "data/datamodule.py",
     "data/dataset.py",
     "data/errors.py",
-    "data/image_folder.py",
+    "data/folder.py",
+    "data/image_files.py",
+    "data/image_sources.py",
     "data/interfaces.py",
     "data/loader.py",
     "machinery/README.md",
@@ -143,6 +151,7 @@ PACKAGE_FILES = {
     "machinery/launch.py",
     "machinery/loggers.py",
     "machinery/noise.py",
+    "machinery/packing.py",
     "machinery/random_state.py",
     "machinery/resolution.py",
     "machinery/run.py",
@@ -172,12 +181,20 @@ COMBINATIONS = [
     {"dataset": "cifar100"},
     {"backbone": "resnet18"},
     {"dataset": "cifar100", "backbone": "resnet18"},
+    {"dataset": "images"},
+    {"dataset": "images", "backbone": "resnet18"},
 ]
+
+
+def cifar_of(dataset: str) -> str:
+    """The CIFAR dataset of the render's CIFAR config: the answer, or CIFAR-10 beside your own images."""
+    return "cifar10" if dataset == "images" else dataset
 
 
 def expected_files(import_name: str, dataset: str) -> set[str]:
     package = {f"src/{import_name}/{name}" for name in PACKAGE_FILES}
-    return COMMON_FILES | package | {f"configs/{dataset}.yaml", f"configs/sweeps/{dataset}.yaml"}
+    configs = {f"configs/{cifar_of(dataset)}.yaml", f"configs/sweeps/{dataset}.yaml"}
+    return COMMON_FILES | package | configs
 
 
 def rendered_files(project: Path) -> set[str]:
@@ -204,13 +221,21 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
         if name.endswith(".yaml"):
             yaml.safe_load(text)
 
-    config = yaml.safe_load((project / "configs" / f"{dataset}.yaml").read_text())
-    assert config["data"]["dataset"] == dataset
-    networks = {"fastcnn": ("FastCNN", {"width": 64}), "resnet18": ("CifarResNet", {"depth": 18})}
-    network, settings = networks[answers.get("backbone", "fastcnn")]
+    cifar = yaml.safe_load((project / "configs" / f"{cifar_of(dataset)}.yaml").read_text())
+    assert cifar["data"]["init_args"]["dataset"] == cifar_of(dataset)
+    assert cifar["trainer"]["logger"]["init_args"]["name"] == cifar_of(dataset)
+    default = yaml.safe_load((project / "configs" / f"{dataset}.yaml").read_text())
+    assert f'/ "configs" / "{dataset}.yaml"' in (project / "main.py").read_text()  # what every command starts from
+    networks = {
+        ("cifar", "fastcnn"): ("FastCNN", {"width": 64}),
+        ("cifar", "resnet18"): ("CifarResNet", {"depth": 18}),
+        ("images", "fastcnn"): ("FastCNN", {"width": 64}),
+        ("images", "resnet18"): ("TorchvisionNet", {"name": "resnet18"}),
+    }
+    kind = "images" if dataset == "images" else "cifar"
+    network, settings = networks[kind, answers.get("backbone", "fastcnn")]
     expected = {"class_path": f"cifar_classifier.models.backbones.{network}", "init_args": settings}
-    assert config["model"]["backbone"] == expected
-    assert config["trainer"]["logger"]["init_args"]["name"] == dataset
+    assert default["model"]["backbone"] == expected
 
 
 def test_names_are_derived_and_overridable(bake):

@@ -40,7 +40,7 @@ from {{ cookiecutter.import_name }}.machinery.export.quantize import (
 )
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"
 Runner = Callable[[np.ndarray], object]
 
 

@@ -59,7 +59,7 @@ from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, exit_with
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"
+DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"
 FAST_RECIPE = PROJECT_ROOT / "configs" / "cifar10_fast.yaml"
 # Two epochs of 4 batches whatever the data's size (the tests' tiny archive or the full CIFAR-10), a few evaluation
 # batches: the final weights are validated at the end of the last epoch, as in a full run.

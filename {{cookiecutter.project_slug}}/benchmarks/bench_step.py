@@ -44,7 +44,7 @@ from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import PatchWhitening
 
 WHITENING_IMAGES = 500
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ cookiecutter.dataset }}.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"
 FAST_RECIPE = DEFAULT_CONFIG.parent / "cifar10_fast.yaml"
 PLAIN_SGD = {
     "class_path": "torch.optim.SGD",

@@ -19,7 +19,7 @@ from {{ cookiecutter.import_name }}.data.cifar_format import (
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DATASET = FORMATS["{{ cookiecutter.dataset }}"]  # the format the default config trains on
+DATASET = FORMATS["{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}"]  # the format the default config trains on
 NUM_TRAIN, NUM_TEST = 192, 64
 
 
@@ -153,7 +153,7 @@ def images_args(image_dir: Path | str, *extra: str) -> list[str]:
 
 
 def default_config() -> Path:
-    return PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"
+    return PROJECT_ROOT / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"
 
 
 def fit_args(data_dir: Path | str, *extra: str) -> list[str]:

@@ -133,7 +133,7 @@ def test_print_config_shows_the_resolved_config(tmp_path, monkeypatch, capsys):
     config = yaml.safe_load(main_output(tmp_path, monkeypatch, capsys, "fit", *args))
     assert config["model"]["backbone"]["init_args"]["width"] == 8
     assert config["data"]["class_path"] == "{{ cookiecutter.import_name }}.data.CifarDataModule"
-    assert config["data"]["init_args"]["dataset"] == "{{ cookiecutter.dataset }}"
+    assert config["data"]["init_args"]["dataset"] == "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}"
     assert "num_classes" not in config["model"]  # linked from the data, not typed twice
     assert not (tmp_path / "runs").exists()
 

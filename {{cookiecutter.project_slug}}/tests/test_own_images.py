@@ -19,8 +19,19 @@ from {{ cookiecutter.import_name }}.data.folder import stratified_split
 from {{ cookiecutter.import_name }}.data.image_files import BadImageError, decode_image
 from {{ cookiecutter.import_name }}.data.image_sources import find_images
 from {{ cookiecutter.import_name }}.machinery import packing
-from {{ cookiecutter.import_name }}.machinery.packing import PackSettings, open_packed, pack, packed_folder
-from {{ cookiecutter.import_name }}.models.backbones import AirBench, CifarResNet, FastCNN, TorchvisionNet, build_backbone
+from {{ cookiecutter.import_name }}.machinery.packing import (
+    PackSettings,
+    open_packed,
+    pack,
+    packed_folder,
+)
+from {{ cookiecutter.import_name }}.models.backbones import (
+    AirBench,
+    CifarResNet,
+    FastCNN,
+    TorchvisionNet,
+    build_backbone,
+)
 
 from .conftest import images_args, run_cli, write_image_folder
 
@@ -314,7 +325,13 @@ def test_a_folder_of_photos_trains_tests_predicts_and_exports_through_the_cli(tm
     assert checkpoint["hyper_parameters"]["image_size"] == 32
     assert checkpoint["hyper_parameters"]["class_names"] == ["cat", "dog", "fish cake"]
     # Testing reuses the packed copy and the model's image size, whatever the command says now.
-    test = run_cli("test", *images_args(photos, "--trainer.max_epochs=4", "--data.image_size=48")[1:], "--ckpt_path=last", cwd=tmp_path, check=False)
+    test = run_cli(
+        "test",
+        *images_args(photos, "--trainer.max_epochs=4", "--data.image_size=48")[1:],
+        "--ckpt_path=last",
+        cwd=tmp_path,
+        check=False,
+    )
     assert test.returncode == 0, test.stderr[-3000:]
     output = test.stdout + test.stderr
     assert "already packed" in output and "nothing to decode" in output and "test/top1" in output

@@ -2,7 +2,7 @@
 
 One random draw per batch instead of per-sample Python: the crop gathers shifted windows
 from a padded batch (what ``RandomCrop(S, padding=p)`` does per image), the random-resized
-crop (larger images) resamples one box per image in a single ``roi_align``, and the flip
+crop (larger images) resamples one box per image in a single ``grid_sample``, and the flip
 mirrors the selected images only. Draws come from a generator of our own, seeded from (run seed,
 rank, epoch) at the start of every epoch, so a run is reproducible and a run resumed at an epoch
 boundary draws what the uninterrupted run drew, without any generator state in the checkpoint. A
@@ -21,8 +21,8 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from torchvision.ops import roi_align
 
 from ..machinery.errors import check_choice
 
@@ -73,9 +73,8 @@ def alternating_flip(images: Tensor, ids: Tensor, epoch: int, seed: int) -> Tens
 
 
 def flip_where(images: Tensor, mask: Tensor) -> Tensor:
-    flipped = images.clone()
-    flipped[mask] = images[mask].flip(-1)
-    return flipped
+    """Mirror the images where ``mask`` is true: one pass over the batch (a masked copy makes three)."""
+    return torch.where(mask.view(-1, *([1] * (images.dim() - 1))), images.flip(-1), images)
 
 
 def random_cutout(images: Tensor, size: int, generator: torch.Generator) -> Tensor:
@@ -94,8 +93,9 @@ def random_cutout(images: Tensor, size: int, generator: torch.Generator) -> Tens
 def random_resized_crop(images: Tensor, scale: tuple[float, float], generator: torch.Generator) -> Tensor:
     """Cut a random box from each image (area share in ``scale``, aspect 3/4 to 4/3) and scale it to full size.
 
-    What ``RandomResizedCrop`` does per image, for a whole batch in one ``roi_align`` (bilinear,
-    averaging over each output pixel's footprint when the box is larger than the output).
+    What ``RandomResizedCrop`` does per image, for a whole batch in one ``grid_sample``: one bilinear
+    sample per output pixel. A box is never larger than the image, so it is only ever enlarged and
+    needs no antialiasing.
     """
     n, _, h, w = images.shape
     device = images.device
@@ -106,8 +106,12 @@ def random_resized_crop(images: Tensor, scale: tuple[float, float], generator: t
     box_h = (area / ratio).sqrt().clamp(1, h)
     left = torch.rand(n, device=device, generator=generator) * (w - box_w)
     top = torch.rand(n, device=device, generator=generator) * (h - box_h)
-    boxes = torch.stack((torch.arange(n, device=device, dtype=box_w.dtype), left, top, left + box_w, top + box_h), 1)
-    crops = roi_align(images.float(), boxes, output_size=(h, w), spatial_scale=1.0, sampling_ratio=2, aligned=True)
+    # The affine map from output to input coordinates, both in [-1, 1] (align_corners=False).
+    theta = torch.zeros(n, 2, 3, device=device)
+    theta[:, 0, 0], theta[:, 0, 2] = box_w / w, (2 * left + box_w) / w - 1
+    theta[:, 1, 1], theta[:, 1, 2] = box_h / h, (2 * top + box_h) / h - 1
+    grid = F.affine_grid(theta, [n, 1, h, w], align_corners=False)
+    crops = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
     return crops.round_().clamp_(0, 255).to(images.dtype) if not images.is_floating_point() else crops
 
 

@@ -21,7 +21,7 @@ class CifarDataModule(ImageDataModule):
 
     def __init__(
         self,
-        dataset: Literal["cifar10", "cifar100"] = "{{ cookiecutter.dataset }}",
+        dataset: Literal["cifar10", "cifar100"] = "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}",
         data_dir: str = "data",
         val_size: int = 5000,
         split_seed: int = 0,

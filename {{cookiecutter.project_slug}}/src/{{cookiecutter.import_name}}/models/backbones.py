@@ -293,9 +293,10 @@ def _read_weights(path: Path, name: str) -> dict[str, Tensor]:
     missing, unexpected = sorted(set(reference) - set(state)), sorted(set(state) - set(reference))
     shapes = [key for key in reference if key in state and state[key].shape != reference[key].shape]
     if missing or unexpected or shapes:
-        detail = (
-            f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected else f"other shapes for {shapes[:3]}"
-        )
+        if missing or unexpected:
+            detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+        else:
+            detail = f"other shapes for {shapes[:3]}"
         raise ValueError(f"model.backbone.weights_path={path} are not weights of torchvision's {name} ({detail})")
     return state
 
@@ -326,8 +327,8 @@ def build_backbone(backbone: BackboneFactory, num_classes: int, image_size: int 
     except Exception as error:
         raise ValueError(
             f"model.backbone {type(network).__name__}({num_classes}) cannot classify a (1, 3, {image_size}, "
-            f"{image_size}) image ({type(error).__name__}: {error}); model.backbone must be a class taking num_classes first "
-            "that takes images of data.image_size"
+            f"{image_size}) image ({type(error).__name__}: {error}); model.backbone must be a class taking "
+            "num_classes first that takes images of data.image_size"
         ) from error
     finally:
         network.train(training)
