@@ -1,4 +1,4 @@
-"""Your own images: packing throughput, and augmented training batches from the packed copy vs torchvision's ImageFolder.
+"""Your own images: packing rate, and augmented batches from the packed copy vs torchvision's ImageFolder.
 
 Writes a folder of photo-like JPEGs of mixed sizes (``--images``, 200 to 640 px), then, at each
 ``--sizes`` (64 and 128 px by default):
@@ -105,7 +105,7 @@ def main() -> None:
             data.seed = 0
 
             def ours(data=data):
-                for images, labels, ids in data.train_dataloader():
+                for images, _labels, ids in data.train_dataloader():
                     # What on_after_batch_transfer does in training: to the device, then the batch augmentation.
                     yield data.augment(images.to(device, non_blocking=True), ids.to(device), 0)
 

@@ -28,8 +28,10 @@ from .conftest import (
     PROJECT_ROOT,
     SLURM_ONE_TASK_JOB,
     cli_env,
+    images_args,
     run_cli,
     slurm_stand_ins,
+    write_image_folder,
     write_tiny_archive,
 )
 
@@ -141,6 +143,18 @@ def test_a_sweep_trains_trials_as_runs_prunes_and_writes_the_best_config(tmp_pat
     assert "Study lr: 1 complete, 2 pruned" in shown.stdout and len(load(tmp_path, "lr").trials) == 3
     again = sweep("--sweep", str(spec), "--n_trials", "3", *TRIAL_OPTIONS, cwd=tmp_path)  # the count is reached
     assert "Trial " not in again.stdout and len(load(tmp_path, "lr").trials) == 3
+
+
+@SLOW
+def test_a_sweep_on_a_folder_of_images_packs_it_once_for_all_its_trials(tmp_path):
+    write_image_folder(tmp_path / "photos", per_class=8)
+    spec = write_sweep(tmp_path / "photos.yaml")
+    result = sweep("--sweep", str(spec), "--n_trials", "2", *images_args("photos")[1:], cwd=tmp_path)
+    assert [trial.state for trial in load(tmp_path, "photos").trials] == [TrialState.COMPLETE] * 2
+    output = result.stdout + result.stderr
+    assert output.count("Data: packed 24 images") == 1 and output.count("already packed") == 1
+    configs = [yaml.safe_load(path.read_text()) for path in (tmp_path / "runs" / "images").glob("*/config.yaml")]
+    assert len(configs) == 2 and all(config["data"]["init_args"]["image_dir"] == "photos" for config in configs)
 
 
 @SLOW

@@ -9,7 +9,15 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from .conftest import PROJECT_ROOT, fit_args, only_run_dir, run_cli, write_tiny_archive
+from .conftest import (
+    PROJECT_ROOT,
+    fit_args,
+    images_args,
+    only_run_dir,
+    run_cli,
+    write_image_folder,
+    write_tiny_archive,
+)
 
 PRESETS = PROJECT_ROOT / "configs" / "presets"
 
@@ -41,6 +49,15 @@ def test_the_mlflow_preset_tracks_the_run_beside_tensorboard(tmp_path):
     # The tracker is not part of the run's identity: the same config without it is the same run.
     again = run_cli(*fit_args("data"), cwd=tmp_path, check=False)
     assert again.returncode == 2 and "already holds checkpoints" in again.stderr
+
+
+def test_the_mlflow_preset_tracks_a_run_on_a_folder_of_images(tmp_path):
+    write_image_folder(tmp_path / "photos", per_class=8)
+    run_cli(*images_args("photos", "--config", str(PRESETS / "mlflow.yaml")), cwd=tmp_path)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["{{ cookiecutter.project_slug }}"], output_format="list")
+    assert run.info.run_name == only_run_dir(tmp_path).name and 0 <= run.data.metrics["val/top1"] <= 1
+    assert run.data.params["data/init_args/image_size"] == "32"
 
 
 def test_the_wandb_preset_writes_an_offline_run_into_the_run_directory(tmp_path):

@@ -52,6 +52,14 @@ def data_fingerprint(subcommand: str, data: Namespace) -> str:
     return ""
 
 
+def constructor_error(error: ValueError) -> ValueError:
+    """The constructor's own ValueError under jsonargparse's wrapping of a subclass (``data.class_path``)."""
+    inner = error
+    while isinstance(inner.__cause__, ValueError):
+        inner = inner.__cause__
+    return inner
+
+
 class OneLineErrorParser(LightningArgumentParser):
     """LightningCLI's parser, with a bad option or value reported in one line instead of a page of usage."""
 
@@ -173,7 +181,9 @@ class TrainerCLI(LightningCLI):
             if self.run is not None and launched_as_rank_zero():
                 self.run.undo()
             if isinstance(error, ValueError):  # the constructors' checks of config values
-                raise UsageError(f"{error}; fix that value in the config or on the command line") from error
+                raise UsageError(
+                    f"{constructor_error(error)}; fix that value in the config or on the command line"
+                ) from error
             raise
 
     @override
