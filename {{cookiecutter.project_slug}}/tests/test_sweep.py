@@ -28,6 +28,7 @@ from .conftest import (
     PROJECT_ROOT,
     SLURM_ONE_TASK_JOB,
     cli_env,
+    default_config,
     images_args,
     run_cli,
     slurm_stand_ins,
@@ -42,7 +43,7 @@ import sweep as sweep_command_line  # the project's sweep.py, run in this proces
 # trial in this process.
 SLOW = pytest.mark.slow
 
-TRIAL_OPTIONS = [*FAST_ARGS, "--data.data_dir=data", "--trainer.max_epochs=2"]
+TRIAL_OPTIONS = ["--config", str(default_config()), *FAST_ARGS, "--data.data_dir=data", "--trainer.max_epochs=2"]
 SPACE = {
     "model.optimizer.init_args.lr": {"type": "float", "low": 0.01, "high": 0.3, "log": True},
     "model.label_smoothing": {"type": "categorical", "choices": [0.0, 0.1]},
