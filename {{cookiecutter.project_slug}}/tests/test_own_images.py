@@ -342,6 +342,11 @@ def test_a_folder_of_photos_trains_tests_predicts_and_exports_through_the_cli(tm
     rows = list(csv.DictReader(predictions.read_text().splitlines()))
     assert len(rows) == 24 and rows[0]["image"] == "000.jpg"
     assert sum(row["predicted"] == "dog" for row in rows) >= 18  # the colours are easy to learn
+    # The trained model alone predicts a new folder: the training images may be gone.
+    photos.rename(tmp_path / "elsewhere")
+    moved = [*predict[:-1], f"--data.predict_dir={tmp_path / 'elsewhere' / 'cat'}"]
+    assert "Predictions:" in run_cli(*moved, cwd=tmp_path).stdout
+    (tmp_path / "elsewhere").rename(photos)
     import subprocess
     import sys
 

@@ -87,6 +87,7 @@ class ImageFolderDataModule(ImageDataModule):
         cache_dir: str = "data/packed",
         on_bad_image: BadImagePolicy = "skip",
         pack_workers: int | None = None,
+        class_names: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         """Configure the data.
@@ -105,6 +106,8 @@ class ImageFolderDataModule(ImageDataModule):
             on_bad_image: What an unreadable, truncated or empty image does: skip (left out, listed beside the
                 packed copy) or error (the first one stops packing).
             pack_workers: Processes decoding images while packing; default: one per CPU core.
+            class_names: The classes, where image_dir is not at hand (predict on a folder with a checkpoint:
+                the CLI takes them from it); by default the class folders' names.
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
         super().__init__(**kwargs)
@@ -127,17 +130,28 @@ class ImageFolderDataModule(ImageDataModule):
         self.on_bad_image = on_bad_image
         self.pack_workers = pack_workers
         self.mean, self.std = IMAGENET_MEAN, IMAGENET_STD
-        self.found = labelled_images(self.image_dir)
         self.title = f"images of {self.image_dir}"
+        self.packed: PackedImages | None = None
+        self.tests_on_validation_set = False
+        self.found: LabelledImages | None = None
+        if (
+            class_names and self.predict_dir is not None and not self.image_dir.exists()
+        ):  # predicting new images with a trained model: its classes are all that is needed
+            self.class_names = list(class_names)
+            return
+        self.found = labelled_images(self.image_dir)
         self.class_names = list(self.found.class_names)
+        if class_names and list(class_names) != self.class_names:
+            raise DataSettingError(
+                f"data.image_dir={self.image_dir} has the classes {self.class_names[:5]}..., the model was trained "
+                f"on {list(class_names)[:5]}...; point data.image_dir at the images the model was trained on"
+            )
         self.class_counts = self.found.class_counts("train")
         if val_fraction == 0 and "val" not in self.found.splits:
             raise ValueError(
                 f"data.val_fraction is 0 and {self.image_dir} has no val split, so nothing would be validated; "
                 "set data.val_fraction (e.g. 0.1)"
             )
-        self.packed: PackedImages | None = None
-        self.tests_on_validation_set = False
 
     @property
     def settings(self) -> PackSettings:

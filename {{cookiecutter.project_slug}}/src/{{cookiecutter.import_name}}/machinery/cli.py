@@ -35,7 +35,9 @@ from .run_record import RunRecord
 from .summary import evaluation_summary, fit_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-TRAINED_IMAGE_SETTINGS = ("image_size", "resize")  # data settings an evaluation takes from the checkpoint
+# Data settings an evaluation takes from the checkpoint: the images are made as in training, and the
+# classes are known without the training images (predicting a new folder needs only the checkpoint).
+TRAINED_DATA_SETTINGS = ("image_size", "resize", "class_names")
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
@@ -157,12 +159,11 @@ class TrainerCLI(LightningCLI):
         hparams.pop("_instantiator", None)
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
-        # The images are made as the model saw them in training: its image size and resize rule, whatever the
-        # config says now (a model trained at 64 px is evaluated at 64 px).
+        # The images are made as the model saw them in training (a model trained at 64 px is evaluated at 64 px).
         data = self.config[subcommand].data
-        trained = stored.get("datamodule_hyper_parameters", {})
-        for key in TRAINED_IMAGE_SETTINGS:
-            if key in trained and data.get("init_args") is not None and key in data.init_args:
+        trained = {**stored.get("datamodule_hyper_parameters", {}), "class_names": hparams.get("class_names")}
+        for key in TRAINED_DATA_SETTINGS:
+            if trained.get(key) is not None and data.get("init_args") is not None and key in data.init_args:
                 data.init_args[key] = trained[key]
 
     @override
