@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import torch
 import torchvision
 from PIL import Image
 
+from {{ cookiecutter.import_name }}.data import ImageFolderDataModule
 from {{ cookiecutter.import_name }}.data.augment import random_resized_crop
 from {{ cookiecutter.import_name }}.data.errors import DataError, DataSettingError
 from {{ cookiecutter.import_name }}.data.folder import stratified_split
@@ -25,6 +28,7 @@ from {{ cookiecutter.import_name }}.machinery.packing import (
     pack,
     packed_folder,
 )
+from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import (
     AirBench,
     CifarResNet,
@@ -32,6 +36,7 @@ from {{ cookiecutter.import_name }}.models.backbones import (
     TorchvisionNet,
     build_backbone,
 )
+from {{ cookiecutter.import_name }}.models.classifier import class_weights
 
 from .conftest import images_args, run_cli, write_image_folder
 
@@ -403,3 +408,28 @@ def test_the_pretrained_preset_trains_the_head_alone_first(tmp_path):
     state = torch.load(last, weights_only=False)["state_dict"]
     assert torch.equal(state["backbone.network.conv1.weight"], reference.conv1.weight)  # frozen in epoch 0
     assert state["backbone.network.fc.weight"].shape == (3, 512)
+
+
+def test_balanced_loss_weighs_each_class_by_the_inverse_of_its_share():
+    weights = class_weights([10, 30], balanced=True)
+    assert torch.allclose(weights, torch.tensor([2.0, 2 / 3]))
+    model = ImageClassifier(
+        num_classes=2, class_counts=[10, 30], balanced_loss=True, backbone=partial(FastCNN, width=4)
+    )
+    assert torch.equal(model.criterion.weight, weights)
+    assert class_weights([10, 30], balanced=False) is None
+    with pytest.raises(ValueError, match=r"set model\.balanced_loss to false"):
+        class_weights(None, balanced=True)
+
+
+def test_strongly_imbalanced_classes_are_named_after_packing(tmp_path, caplog):
+    write_image_folder(tmp_path / "photos", classes=("common",), per_class=30)
+    write_image_folder(tmp_path / "photos", classes=("rare",), per_class=2)
+    data = ImageFolderDataModule(
+        image_dir=str(tmp_path / "photos"), image_size=16, cache_dir=str(tmp_path / "packed"), pack_workers=1
+    )
+    assert data.class_counts == [30, 2]
+    with caplog.at_level(logging.INFO):
+        data.prepare_data()
+    assert "strongly imbalanced (30 training images in the largest, 2 in the smallest)" in caplog.text
+    assert "model.balanced_loss: true" in caplog.text
