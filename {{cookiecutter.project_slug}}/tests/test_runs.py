@@ -75,6 +75,10 @@ def test_a_finished_fit_says_where_everything_went(finished):
     assert f"{run_dir.relative_to(root)}/checkpoints/last.ckpt (step 10)" in lines["Last checkpoint"]
     assert "val/top1 " in lines["Final metrics"] and "train/loss " in lines["Final metrics"]
     assert "for 10 steps this session" in lines["Time"] and "images/s" in lines["Time"]
+    assert (
+        lines["Data"]
+        == f"Data: 160 training and 32 validation images of {len(DATASET.class_names)} classes at 32 px ({DATASET.title})"
+    )
     assert "Note" not in lines  # data.val_size > 0: validation is on held-out training images
     assert "LeafSpec" not in fitted.stderr and "💡" not in fitted.stderr  # known upstream noise is muted
 

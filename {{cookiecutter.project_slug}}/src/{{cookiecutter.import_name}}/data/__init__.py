@@ -3,11 +3,12 @@
 from .cifar import CifarDataModule
 from .datamodule import ImageDataModule
 from .folder import ImageFolderDataModule
-from .interfaces import BatchPlan, Fingerprinted, PredictionNames, TrainingImages, ValidationSplit
+from .interfaces import BatchPlan, DataSummary, Fingerprinted, PredictionNames, TrainingImages, ValidationSplit
 
 __all__ = [
     "BatchPlan",
     "CifarDataModule",
+    "DataSummary",
     "Fingerprinted",
     "ImageDataModule",
     "ImageFolderDataModule",

@@ -161,6 +161,15 @@ class ImageDataModule(L.LightningDataModule):
             padding = 0 if resized else max(1, self.image_size // 8)
         return BatchAugment(padding, flip, cutout, padding_mode, resized_crop_scale=scale if resized else None)
 
+    def data_summary(self) -> str | None:
+        """How many images each split has, of how many classes, at what size, from where."""
+        if self.train_set is None or self.val_set is None:
+            return None
+        return (
+            f"{len(self.train_set):,} training and {len(self.val_set):,} validation images of {self.num_classes} "
+            f"classes at {self.image_size} px ({self.title})"
+        )
+
     def _predicting_own_images(self) -> bool:
         return self.predict_dir is not None and self.trainer is not None and self.trainer.predicting
 

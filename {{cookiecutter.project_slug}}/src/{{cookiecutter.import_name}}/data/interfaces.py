@@ -49,6 +49,15 @@ class PredictionNames(Protocol):
 
 
 @runtime_checkable
+class DataSummary(Protocol):
+    """A DataModule that says in a few words what a run trained on (the fit summary's ``Data:`` line)."""
+
+    def data_summary(self) -> str | None:
+        """E.g. '2,880 training and 320 validation images of 4 classes at 64 px (photos)'; after setup()."""
+        ...
+
+
+@runtime_checkable
 class BatchPlan(Protocol):
     """A DataModule that says what one optimizer step takes (the fit summary and the HPARAMS tab show it)."""
 

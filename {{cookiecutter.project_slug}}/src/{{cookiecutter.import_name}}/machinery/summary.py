@@ -8,7 +8,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 
-from ..data.interfaces import BatchPlan, ValidationSplit
+from ..data.interfaces import BatchPlan, DataSummary, ValidationSplit
 from .checkpoint_io import stored_entry
 from .run import Run
 
@@ -59,6 +59,8 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
             f"Time: {_duration(seconds)} for {session.steps_taken} steps this session "
             f"({session.images / seconds:,.0f} images/s)"
         )
+    if isinstance(trainer.datamodule, DataSummary) and trainer.datamodule.data_summary():
+        lines.append(f"Data: {trainer.datamodule.data_summary()}")
     if isinstance(trainer.datamodule, BatchPlan) and trainer.datamodule.batches is not None:
         lines.append(f"Batch: {trainer.datamodule.batches.describe()}")
     if isinstance(trainer.datamodule, ValidationSplit) and trainer.datamodule.validates_on_test_set:
