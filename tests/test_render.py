@@ -66,6 +66,7 @@ COMMON_FILES = {
     "scripts/tensorrt_engine.sh",
     "scripts/torchrun.sh",
     "benchmarks/bench_data.py",
+    "benchmarks/bench_folder.py",
     "benchmarks/bench_infer.py",
     "benchmarks/bench_step.py",
     "benchmarks/bench_recipe.py",

@@ -3,7 +3,8 @@
 #   NNODES=2 NPROC_PER_NODE=4 RDZV_ENDPOINT=node0:29500 bash scripts/torchrun.sh [more fit options]
 # NNODES: how many nodes (default 1); NPROC_PER_NODE: processes (GPUs) per node (default 1);
 # RDZV_ENDPOINT: host:port of one of the nodes, reachable from all; RDZV_ID: a job id shared by
-# the nodes (default: the name of this project). Runs are written under the current folder.
+# the nodes (default: the name of this project); CONFIG: the config to train (default:
+# configs/{{ cookiecutter.dataset }}.yaml). Runs are written under the current folder.
 set -euo pipefail
 project="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 nnodes="${NNODES:-1}"
@@ -17,7 +18,7 @@ exec torchrun \
     --rdzv_endpoint "${RDZV_ENDPOINT}" \
     --rdzv_id "${RDZV_ID:-{{ cookiecutter.project_slug }}}" \
     "${project}/main.py" fit \
-    --config "${project}/configs/{{ cookiecutter.dataset }}.yaml" \
+    --config "${CONFIG:-${project}/configs/{{ cookiecutter.dataset }}.yaml}" \
     --config "${project}/configs/presets/ddp.yaml" \
     --trainer.num_nodes "${nnodes}" \
     --trainer.devices "${nproc_per_node}" \

@@ -182,6 +182,7 @@ def free_port() -> int:
 def test_two_nodes_started_by_the_torchrun_script_meet_at_the_rendezvous(tmp_path):
     write_indexed_archive(tmp_path / "data")
     endpoint = {"NNODES": "2", "NPROC_PER_NODE": "1", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
+    endpoint["CONFIG"] = str(default_config())
     env = cli_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **endpoint)  # its torchrun
     script = PROJECT_ROOT / "scripts" / "torchrun.sh"
     # The script gives the fit, the configs, num_nodes and devices; the probe and the tiny settings follow.

@@ -298,6 +298,7 @@ def slurm_job(submit_dir: Path, bin_dir: Path, args: list[str], **env: str) -> s
         "SLURM_SUBMIT_DIR": str(submit_dir),
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "VIRTUAL_ENV": sys.prefix,  # the test's environment is the job's
+        "CONFIG": str(default_config()),  # the CIFAR config these tests write data for
         **env,
     }
     script = PROJECT_ROOT / "scripts" / "slurm.sbatch"

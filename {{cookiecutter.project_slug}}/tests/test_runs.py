@@ -27,8 +27,14 @@ from .conftest import (
     cli_env,
     default_config,
     fit_args,
+{%- if cookiecutter.dataset == "images" %}
+    images_args,
+{%- endif %}
     only_run_dir,
     run_cli,
+{%- if cookiecutter.dataset == "images" %}
+    write_image_folder,
+{%- endif %}
     write_tiny_archive,
 )
 
@@ -75,10 +81,8 @@ def test_a_finished_fit_says_where_everything_went(finished):
     assert f"{run_dir.relative_to(root)}/checkpoints/last.ckpt (step 10)" in lines["Last checkpoint"]
     assert "val/top1 " in lines["Final metrics"] and "train/loss " in lines["Final metrics"]
     assert "for 10 steps this session" in lines["Time"] and "images/s" in lines["Time"]
-    assert (
-        lines["Data"]
-        == f"Data: 160 training and 32 validation images of {len(DATASET.class_names)} classes at 32 px ({DATASET.title})"
-    )
+    classes = f"{len(DATASET.class_names)} classes at 32 px ({DATASET.title})"
+    assert lines["Data"] == f"Data: 160 training and 32 validation images of {classes}"
     assert "Note" not in lines  # data.val_size > 0: validation is on held-out training images
     assert "LeafSpec" not in fitted.stderr and "💡" not in fitted.stderr  # known upstream noise is muted
 
@@ -161,11 +165,18 @@ def test_evaluating_last_finds_the_run_and_says_where_it_logged(finished):
 
 
 def test_default_root_dir_holds_the_runs_and_a_bare_command_uses_the_default_config(tmp_path):
+    default = PROJECT_ROOT / "configs" / "{{ cookiecutter.dataset }}.yaml"  # what main.py starts from
+{%- if cookiecutter.dataset == "images" %}
+    write_image_folder(tmp_path / "photos", per_class=8)
+    options = images_args("photos")[3:]  # after fit --config configs/images.yaml
+{%- else %}
     write_tiny_archive(tmp_path / "data")
-    run_cli(*fit_args("data", "--trainer.default_root_dir=elsewhere"), cwd=tmp_path)
+    options = [*FAST_ARGS, "--data.data_dir=data"]
+{%- endif %}
+    run_cli("fit", "--config", str(default), *options, "--trainer.default_root_dir=elsewhere", cwd=tmp_path)
     (under_root,) = tmp_path.glob("elsewhere/runs/*/*/checkpoints/last.ckpt")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "lightning_logs").exists()
-    run_cli("fit", *FAST_ARGS, "--data.data_dir=data", cwd=tmp_path)  # no --config at all
+    run_cli("fit", *options, cwd=tmp_path)  # no --config at all
     (bare,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
     assert bare.parents[2].name == under_root.parents[2].name  # the default config's logger name
     assert bare.parent.parent.name == under_root.parent.parent.name  # the same config: the same run name
