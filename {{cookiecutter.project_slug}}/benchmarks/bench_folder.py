@@ -5,11 +5,11 @@ Writes a folder of photo-like JPEGs of mixed sizes (``--images``, 200 to 640 px)
 
 - packs it once with ``ImageFolderDataModule`` (default processes) and reports images/s;
 - measures the delivery rate of augmented training batches: this project's loader over the packed
-  copy (uint8 batches, random-resized crop and flip of whole batches on ``--device``) against what a
-  user writes instead, ``torchvision.datasets.ImageFolder`` + ``DataLoader`` decoding each JPEG with
-  the same resize and centre crop, then ``RandomResizedCrop`` and ``RandomHorizontalFlip`` per
-  image, with the same number of workers; interleaved rounds (A, B, A, B, ...) so machine noise
-  hits both, medians reported;
+  copy (uint8 batches, random-resized crop and flip of whole batches on ``--device``; also the uint8
+  batches alone, before augmenting) against what a user writes instead,
+  ``torchvision.datasets.ImageFolder`` + ``DataLoader`` decoding each JPEG with the same resize and
+  centre crop, then ``RandomResizedCrop`` and ``RandomHorizontalFlip`` per image, with the same
+  number of workers; interleaved rounds (A, B, A, B, ...) so machine noise hits both, medians reported;
 - with ``data.storage: memmap``, the training process's anonymous resident memory (``RssAnon``)
   after reading every batch of an epoch, next to the packed copy's size: the copy is read through
   the memory map, never loaded whole.
@@ -109,6 +109,10 @@ def main() -> None:
                     # What on_after_batch_transfer does in training: to the device, then the batch augmentation.
                     yield data.augment(images.to(device, non_blocking=True), ids.to(device), 0)
 
+            def ours_uint8(data=data):
+                for images, _labels, _ids in data.train_dataloader():  # what the loader delivers, before augmenting
+                    yield images.to(device, non_blocking=True)
+
             crop = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size)])
             augment = transforms.Compose(
                 [
@@ -125,11 +129,13 @@ def main() -> None:
                 for images, _ in loader:
                     yield images.to(device, non_blocking=True)
 
-            rates: dict[str, list[float]] = {"ours": [], "torchvision": []}
+            rates: dict[str, list[float]] = {"ours": [], "torchvision": [], "uint8": []}
             for _ in range(args.rounds):
                 rates["ours"].append(rate(ours, device))
                 rates["torchvision"].append(rate(theirs, device))
-            ours_rate, theirs_rate = (statistics.median(values) for values in rates.values())
+                rates["uint8"].append(rate(ours_uint8, device))
+            ours_rate, theirs_rate, uint8_rate = (statistics.median(values) for values in rates.values())
+            figures[f"ours_uint8_{size}"] = uint8_rate
             figures[f"ours_augmented_{size}"] = ours_rate
             figures[f"torchvision_imagefolder_{size}"] = theirs_rate
             figures[f"ours_vs_imagefolder_{size}"] = ours_rate / theirs_rate
@@ -143,7 +149,8 @@ def main() -> None:
             print(
                 f"{size:>4} px: packed {figures[f'pack_images_per_s_{size}']:8.0f} images/s ({packed_mb:.1f} MB); "
                 f"augmented batches: ours {ours_rate:8.0f} images/s, ImageFolder {theirs_rate:8.0f} images/s, "
-                f"ratio {ours_rate / theirs_rate:5.1f}x; anonymous memory grew "
+                f"ratio {ours_rate / theirs_rate:5.1f}x (uint8 batches alone: {uint8_rate:.0f} images/s); "
+                "anonymous memory grew "
                 f"{figures[f'rss_anon_growth_mb_{size}']:.1f} MB reading the whole copy"
             )
     print(json.dumps(figures))
