@@ -247,11 +247,17 @@ def image_folder(data_dir: Path) -> None:
     write_image_folder(data_dir / "images", per_class=24)
 
 
-@pytest.mark.every_render
-def test_a_run_on_a_folder_of_images_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference):
+@pytest.mark.parametrize(
+    "kill",
+    [pytest.param("train_batch:1:3@SIGTERM", marks=pytest.mark.every_render), "train_batch:1:3"],
+    ids=["sigterm", "kill-9"],
+)
+def test_a_run_on_a_folder_of_images_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(
+    tmp_path, reference, kill
+):
     # 54 training images in 6 batches of 8 after the held-out quarter; two loader workers over the packed copy.
     args = images_args("data/images", "--trainer.max_epochs=3", "--data.num_workers=2", KILL_PROBE)
-    reference_and_resumed(tmp_path, reference, args, ["train_batch:1:3@SIGTERM"], write_data=image_folder)
+    reference_and_resumed(tmp_path, reference, args, [kill], write_data=image_folder)
 
 
 # Stacked configs that replace a default list (lists are replaced, not merged): what the run relies
