@@ -102,8 +102,9 @@ def train_and_export_a_folder_of_photos(project: Path, package: str, tmp_path: P
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["data"]["init_args"]["image_dir"] == str(photos) and saved["data"]["init_args"]["image_size"] == 64
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    # A one-epoch ResNet-18's logits are large: its fp32 ONNX differs from PyTorch by a few 1e-4 (argmax equal).
     run(sys.executable, str(project / "export.py"), "--ckpt_path", str(checkpoint), "--max_int8_drop", "100",
-        cwd=tmp_path)  # fmt: skip
+        "--tolerance", "1e-3", cwd=tmp_path)  # fmt: skip
     card = json.loads((checkpoint.parent / "export" / "model.card.json").read_text())
     assert card["input"]["shape"] == ["batch", 3, 64, 64] and card["class_names"] == ["cat", "dog", "red panda"]
     assert card["network"]["class_path"].endswith(".TorchvisionNet") and card["evaluation"]["split"] == "val"
