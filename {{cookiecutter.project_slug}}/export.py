@@ -1,23 +1,32 @@
 """Turn a checkpoint into deployable files, each checked and judged on the run's test split, with a model card.
 
 python export.py --ckpt_path runs/{{ cookiecutter.dataset }}/<hash>/checkpoints/last.ckpt [--output_dir DIR] [--formats onnx,int8,pt2]
+                 [--register NAME [--alias candidate] [--tracking_uri URI]]
 
 Writes model.onnx (fp32), model.int8.onnx (static int8, calibrated on training images) and
 model.pt2 (torch.export), plus model.card.json and model.card.md, into DIR (default: export/
-beside the checkpoint); all of them or, if any check fails, none.
+beside the checkpoint); all of them or, if any check fails, none. With --register, the ONNX files
+then become new versions of NAME (fp32) and NAME-int8 in MLflow's model registry.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, exit_with
 from {{ cookiecutter.import_name }}.machinery.export.artifacts import FORMATS, ExportOptions, export_artifacts
+from {{ cookiecutter.import_name }}.machinery.export.errors import ExportError
 from {{ cookiecutter.import_name }}.machinery.export.model_card import int8_change, table
 from {{ cookiecutter.import_name }}.machinery.export.quantize import CALIBRATION_METHODS
+from {{ cookiecutter.import_name }}.machinery.export.registry import (
+    check_registry,
+    check_request,
+    default_tracking_uri,
+    register,
+)
 from {{ cookiecutter.import_name }}.machinery.noise import silence_known_noise
 
 
@@ -40,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     add("--eval_batch_size", type=int, help="images per evaluation batch (default: %(default)s)")
     add("--opset", type=int, help="ONNX opset (default: the exporter's, at least 18)")
     add("--tolerance", type=float, help="max |logit difference| of fp32 files against PyTorch (default: %(default)s)")
+    add("--register", metavar="NAME", help="register the ONNX files in MLflow as NAME (fp32) and NAME-int8")
+    add("--alias", help="point this alias of the registered models at the new versions, e.g. candidate")
+    add("--tracking_uri", help="the MLflow store (default: the run's MLflow preset's, else sqlite:///runs/mlflow.db)")
     # The defaults are ExportOptions' own, stated once there.
     parser.set_defaults(
         **{field.name: field.default for field in fields(ExportOptions) if field.default is not MISSING}
@@ -51,9 +63,32 @@ def main(argv: list[str] | None = None) -> int:
     silence_known_noise()
     options = parse_args(argv)
     try:
-        card, written = export_artifacts(options)
+        if options.alias and not options.register:
+            raise ExportError("--alias names an alias of a registered model; add --register NAME")
+        if options.register:  # refused now rather than after the export's minutes of work
+            if not {"onnx", "int8"} & set(options.formats):
+                raise ExportError("--register registers the ONNX files; add onnx or int8 to --formats")
+            check_request(options.register, options.alias)
+            options = replace(options, tracking_uri=options.tracking_uri or default_tracking_uri(options.ckpt_path))
+            check_registry(options.tracking_uri)
+        exported = export_artifacts(options)
     except Exception as error:  # a user's mistake or a failed check: one line (FULL_ERROR=1: the traceback)
         exit_with(error)
+    report(exported.card, exported.written)
+    if options.register:
+        try:
+            versions = register(
+                options.register, options.alias, options.tracking_uri, options.ckpt_path, options.folder(),
+                exported.card, exported.examples,
+            )  # fmt: skip
+        except Exception as error:
+            exit_with(error)
+        for version in versions:
+            print(f"registered {version.name} version {version.version} in {options.tracking_uri}: {version.uri()}")
+    return 0
+
+
+def report(card: dict, written: list[Path]) -> None:
     print(table(card))
     if card["int8"]:
         int8 = card["int8"]
@@ -62,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     if card["evaluation"].get("skipped"):
         print(f"accuracy not measured: {card['evaluation']['skipped']}")
     print(f"wrote {', '.join(str(path) for path in written)}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,13 @@ FAST_ARGS = [
     "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false",
 ]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (a rendezvous, a model server)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

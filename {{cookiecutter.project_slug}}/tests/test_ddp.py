@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from .conftest import (
     PROJECT_ROOT,
     cli_env,
     default_config,
+    free_port,
     images_args,
     make_images,
     only_run_dir,
@@ -171,12 +171,6 @@ def test_torchrun_launch(tmp_path):
     run_cli(*ddp_args(tmp_path, "--trainer.devices=2"), cwd=tmp_path, launcher=launcher)
     check_shards_and_weights(tmp_path, "TorchElasticEnvironment")
     only_run_dir(tmp_path)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_two_nodes_started_by_the_torchrun_script_meet_at_the_rendezvous(tmp_path):

@@ -18,6 +18,7 @@ import numpy as np
 
 from ...models import ImageClassifier
 from ...models.cost import model_cost
+from .contract import sample_images
 from .errors import ExportCheckError, ExportError
 from .evaluation import (
     Accuracy,
@@ -69,10 +70,22 @@ class ExportOptions:
     eval_batch_size: int = 256
     opset: int | None = None
     tolerance: float = 1e-4
+    register: str | None = None
+    alias: str | None = None
+    tracking_uri: str | None = None
 
     def folder(self) -> Path:
         """Where the files go: ``--output_dir``, or an ``export/`` folder beside the checkpoint."""
         return self.output_dir or self.ckpt_path.parent / "export"
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What an export wrote: the card, the files, and a few of the images it judged (a registry's input example)."""
+
+    card: dict
+    written: list[Path]
+    examples: np.ndarray
 
 
 @dataclass
@@ -216,8 +229,15 @@ def evaluation_record(options: ExportOptions, data: RunData | None, skipped: str
     }
 
 
-def export_artifacts(options: ExportOptions) -> tuple[dict, list[Path]]:
-    """Run the whole export; returns the card and the written files (nothing is written if anything fails)."""
+def example_images(data: RunData | None, image_size: int, count: int = 3) -> np.ndarray:
+    """The first judged images, or the contract's sample images when the export had no data."""
+    if data is not None and len(data.test_labels):
+        return np.ascontiguousarray(data.test_images[:count])
+    return sample_images(count, size=image_size).numpy()
+
+
+def export_artifacts(options: ExportOptions) -> Exported:
+    """Run the whole export (nothing is written if anything fails)."""
     check_options(options)
     model, checkpoint = load_model(options.ckpt_path)
     data, skipped = find_data(options, model, checkpoint)
@@ -237,4 +257,4 @@ def export_artifacts(options: ExportOptions) -> tuple[dict, list[Path]]:
             int8,
         )
         write_card(card, staged.path(CARD_JSON), staged.path(CARD_MARKDOWN))
-        return card, staged.commit()
+        return Exported(card, staged.commit(), example_images(data, model.hparams.image_size))
