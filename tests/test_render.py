@@ -289,14 +289,18 @@ def test_ci_workflow_keeps_github_expressions_and_is_locked_down(bake):
     workflow = yaml.safe_load(text)
     assert "${{ matrix.python-version }}" in text and "${{ github.ref }}" in text
     assert workflow["permissions"] == {"contents": "read"}
-    steps = workflow["jobs"]["test"]["steps"]
-    uses = [step["uses"] for step in steps if "uses" in step]
+    every_step = [step for job in workflow["jobs"].values() for step in job["steps"]]
+    uses = [step["uses"] for step in every_step if "uses" in step]
     assert uses and len(SHA_PIN.findall(text)) == len(uses)  # every action pinned to a commit SHA
-    checkout = next(step for step in steps if step.get("uses", "").startswith("actions/checkout@"))
-    assert checkout["with"]["persist-credentials"] is False
-    run = "\n".join(step.get("run", "") for step in steps)
+    checkouts = [step for step in every_step if step.get("uses", "").startswith("actions/checkout@")]
+    assert all(checkout["with"]["persist-credentials"] is False for checkout in checkouts)
+    run = "\n".join(step.get("run", "") for step in workflow["jobs"]["test"]["steps"])
     assert "ruff check" in run and "ruff format --check" in run
     assert 'pytest -m "slow or not slow"' in run  # a plain pytest is the quick tier; the workflow runs everything
+    # The image is built there for real (no container engine runs the template's tests) and trained in.
+    docker = "\n".join(step.get("run", "") for step in workflow["jobs"]["docker"]["steps"])
+    assert "docker build -t project:ci --build-arg LOCK=constraints-cpu.txt" in docker
+    assert "project:ci fit --config configs/images.yaml" in docker and "--trainer.fast_dev_run true" in docker
 
 
 def test_constraints_pin_every_dependency(bake):

@@ -108,6 +108,7 @@ def test_registered_versions_load_in_mlflow_and_are_served_over_http(tracked):
     assert json.loads((files / "extra_files" / "model.card.json").read_text()) == card
     assert (files / "extra_files" / "config.yaml").read_bytes() == (tracked.parents[1] / "config.yaml").read_bytes()
     assert client.get_model_version_by_alias("tiny-cifar-int8", "candidate").run_id == version.run_id
+    assert version.description.startswith("model.onnx (ONNX, float32) from ") and "top-1 " in version.description
 
     # MLflow's own client classifies the test split with the card's accuracy.
     test = prepare(root / "data", DATASET, download=False, verify_checksum=False).split("test")

@@ -178,6 +178,22 @@ def metrics(card: dict, format_name: str) -> dict[str, float]:
     return {key: float(value) for key, value in found.items() if value is not None}
 
 
+def summary(card: dict, format_name: str) -> str:
+    """A version's description in the registry: what file, from which checkpoint, how good."""
+    artifact, source, evaluation = card["artifacts"][format_name], card["source"], card["evaluation"]
+    accuracy = artifact.get("accuracy")
+    judged = (
+        f"top-1 {100 * accuracy['top1']:.2f} %, top-5 {100 * accuracy['top5']:.2f} % on {accuracy['images']} images "
+        f"of the {evaluation['dataset']} {evaluation['split']} split"
+        if accuracy
+        else f"accuracy not measured ({evaluation.get('skipped')})"
+    )
+    return (
+        f"{artifact['file']} ({artifact['format']}) from {source['checkpoint']}, step {source['global_step']}, "
+        f"config hash {str(source['config_hash'])[:12]}: {judged}. The model card is among the version's files."
+    )
+
+
 def quiet_mlflow() -> None:
     """MLflow's progress bars and info lines while it copies files about; its warnings and errors stay."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -215,6 +231,7 @@ def register(
             runs.enter_context(mlflow.start_run(run_name=export_run, nested=run_id is not None))
             run_id = mlflow.active_run().info.run_id
             mlflow.set_tags({"config_hash": card["source"]["config_hash"], "checkpoint": card["source"]["checkpoint"]})
+            client = mlflow.MlflowClient()
             logged = {}
             for format_name, artifact in card["artifacts"].items():
                 if format_name not in REGISTERED_SUFFIX:
@@ -236,8 +253,9 @@ def register(
             # Only after every file is logged: a model logged later would take these as the run's metrics too.
             for (format_name, info), version in zip(logged.items(), registered, strict=True):
                 mlflow.log_metrics(metrics(card, format_name), step=step, model_id=info.model_id)
+                client.update_model_version(version.name, version.version, description=summary(card, format_name))
                 if alias:
-                    mlflow.MlflowClient().set_registered_model_alias(version.name, alias, version.version)
+                    client.set_registered_model_alias(version.name, alias, version.version)
             registered = [replace(version, alias=alias) for version in registered]
     except Exception as error:
         done = "".join(f"; {item.uri()} was registered" for item in registered)
