@@ -227,7 +227,7 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
         if name.endswith(".py"):
             compile(text, name, "exec")
         if name.endswith(".yaml"):
-            yaml.safe_load(text)
+            list(yaml.safe_load_all(text))  # a manifest may hold several documents
 
     cifar = yaml.safe_load((project / "configs" / f"{cifar_of(dataset)}.yaml").read_text())
     assert cifar["data"]["init_args"]["dataset"] == cifar_of(dataset)
