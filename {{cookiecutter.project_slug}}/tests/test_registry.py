@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -167,7 +168,8 @@ def test_a_registry_failing_after_the_export_keeps_the_files_and_says_so(tracked
     def refuse(*args, **kwargs):
         raise mlflow.exceptions.MlflowException("the registry went away")
 
-    monkeypatch.setattr(mlflow.onnx, "log_model", refuse)
+    # On the module itself: ``mlflow.onnx`` is a lazy stand-in that loads it on first use.
+    monkeypatch.setattr(importlib.import_module("mlflow.onnx"), "log_model", refuse)
     output = tmp_path / "shipped"
     with pytest.raises(SystemExit) as exited:
         export.main(["--ckpt_path", str(tracked), "--output_dir", str(output), "--formats", "onnx", "--eval_limit",
@@ -176,3 +178,14 @@ def test_a_registry_failing_after_the_export_keeps_the_files_and_says_so(tracked
     assert exited.value.code == 1 and lines[-1].startswith("error: registering in sqlite:///")
     assert "the registry went away" in lines[-1] and f"the exported files are in {output}" in lines[-1]
     assert sorted(p.name for p in output.iterdir()) == ["model.card.json", "model.card.md", "model.onnx"]
+
+
+def test_a_refused_export_registers_nothing(tracked, tmp_path, capsys):
+    store = tmp_path / "mlflow.db"
+    with pytest.raises(SystemExit) as exited:  # no float32 file reproduces PyTorch to 1e-12: the parity check refuses
+        export.main(["--ckpt_path", str(tracked), "--output_dir", str(tmp_path / "shipped"), "--formats", "onnx",
+                     "--tolerance", "1e-12", "--register", "pets", "--tracking_uri", f"sqlite:///{store}"])  # fmt: skip
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 1 and "model.onnx does not reproduce PyTorch" in line
+    assert not (tmp_path / "shipped").exists()
+    assert mlflow.MlflowClient(f"sqlite:///{store}").search_registered_models() == []
