@@ -28,7 +28,7 @@ ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium")
 # A render whose pytest arguments are None is only trained and exported: its suite differs from the
 # default render's in Jinja branches that the render tests lint and compile.
 RENDERS = [
-    pytest.param(({"project_name": "Baked Default"}, ["-m", "not slow or every_render"], 2400), id="defaults"),
+    pytest.param(({"project_name": "Baked Default"}, ["-m", "not slow or every_render"], 3000), id="defaults"),
     pytest.param(
         ({"project_name": "Baked Photos", "dataset": "images", "backbone": "resnet18"}, None, 0),
         id="images-resnet18",
