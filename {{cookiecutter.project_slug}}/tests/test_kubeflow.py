@@ -19,6 +19,7 @@ import yaml
 from kubeflow_trainer_api.models import IoK8sApiCoreV1PersistentVolumeClaim, TrainerV1alpha1TrainJob
 
 from .conftest import PROJECT_ROOT, cli_env, default_config, free_port, only_run_dir
+from .test_container import stages
 from .test_ddp import check_shards_and_weights, ddp_args, write_indexed_archive
 
 MANIFEST = PROJECT_ROOT / "scripts" / "kubeflow_trainjob.yaml"
@@ -53,9 +54,8 @@ def test_the_manifest_is_a_trainjob_and_a_claim_the_api_models_read_back_whole()
     pod = node["template"]["spec"]["template"]["spec"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
     mounts = {mount["mountPath"] for mount in pod["containers"][0]["volumeMounts"]}
-    volumes = [line.split(None, 1)[1] for line in (PROJECT_ROOT / "Dockerfile").read_text().splitlines()
-               if line.startswith("VOLUME")]  # fmt: skip
-    assert set(json.loads(volumes[-1])) <= mounts  # the image's data and runs folders are on the volume
+    (volumes,) = [arguments for instruction, arguments in stages()[-1] if instruction == "VOLUME"]
+    assert set(json.loads(volumes)) <= mounts  # the image's data and runs folders are on the volume
 
 
 @pytest.mark.slow  # two training processes, twice

@@ -20,6 +20,8 @@ from {{ cookiecutter.import_name }}.data.archive import prepare
 
 from .conftest import DATASET, PROJECT_ROOT, cli_env, fit_args, free_port, run_cli, write_tiny_archive
 
+from .test_export import snapshot
+
 sys.path.insert(0, str(PROJECT_ROOT))
 import export
 
@@ -129,10 +131,6 @@ def test_registered_versions_load_in_mlflow_and_are_served_over_http(tracked):
         server.wait(timeout=30)
     session = onnxruntime.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(answered, session.run(None, {"images": test_images[:4]})[0], rtol=1e-5, atol=1e-5)
-
-
-def snapshot(folder: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in sorted(folder.rglob("*"))}
 
 
 @pytest.mark.parametrize(
