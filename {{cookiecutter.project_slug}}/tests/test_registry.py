@@ -19,7 +19,6 @@ import pytest
 from {{ cookiecutter.import_name }}.data.archive import prepare
 
 from .conftest import DATASET, PROJECT_ROOT, cli_env, fit_args, free_port, run_cli, write_tiny_archive
-
 from .test_export import snapshot
 
 sys.path.insert(0, str(PROJECT_ROOT))
