@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,22 +69,31 @@ class PredictionWriter(BasePredictionWriter):
         class_names = getattr(pl_module, "class_names", None) or [str(i) for i in range(prediction.shape[-1])]
         probabilities, classes = prediction.float().topk(min(self.top_k, prediction.shape[-1]), dim=-1)
         indices = batch_indices if batch_indices is not None else range(len(prediction))
-        for index, top_p, top_c in zip(indices, probabilities.tolist(), classes.tolist(), strict=True):
-            image = name(index)
-            top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(top_c, top_p, strict=True))
-            self._writer.writerow([image, class_names[top_c[0]], f"{top_p[0]:.4f}", top])
+        try:
+            for index, top_p, top_c in zip(indices, probabilities.tolist(), classes.tolist(), strict=True):
+                image = name(index)
+                top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(top_c, top_p, strict=True))
+                self._writer.writerow([image, class_names[top_c[0]], f"{top_p[0]:.4f}", top])
+        except OSError as error:  # a full disk: say so, and leave no partial file
+            with contextlib.suppress(OSError):  # the buffered rows cannot be written either
+                self._close()
+            self._partial.discard_after(error)
+            raise
 
     @override
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._handle is not None:
-            self._handle.close()
-            self._handle = None
-            self._partial.commit()
+            with self._partial:  # committed once complete; a full disk at the last flush is NoSpaceError
+                self._close()
             print(f"Predictions: {self.path}")
+
+    def _close(self) -> None:
+        handle, self._handle = self._handle, None
+        handle.close()
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._handle is not None:  # prediction did not end: leave nothing behind
-            self._handle.close()
-            self._handle = None
+            with contextlib.suppress(OSError):  # rows that could not be written are discarded anyway
+                self._close()
             self._partial.discard()

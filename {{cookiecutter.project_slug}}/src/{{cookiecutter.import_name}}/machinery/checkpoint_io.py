@@ -24,6 +24,35 @@ from .errors import UserError
 from .files import Partial, remove_stale_partials
 
 
+class NonFiniteWeights(FloatingPointError):
+    """A checkpoint about to be written holds NaN or infinite weights: training has diverged."""
+
+    def __init__(self, target: Path, names: list[str], total: int) -> None:
+        self.target, self.names = target, names
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        super().__init__(f"{len(names)} of {total} weight tensors are not finite ({shown}); {target} was not written")
+
+
+def non_finite_weights(state_dict: dict[str, Any]) -> list[str]:
+    """The names of the floating-point tensors in ``state_dict`` holding a NaN or an infinity."""
+    floating = {name: value for name, value in state_dict.items() if torch.is_tensor(value) and value.is_floating_point()}
+    if not floating:
+        return []
+    finite = torch.stack([torch.isfinite(value).all().cpu() for value in floating.values()])  # one read per device
+    return [name for name, ok in zip(floating, finite.tolist(), strict=True) if not ok]
+
+
+def tensor_bytes(value: Any) -> int:
+    """The bytes of every tensor in a nested checkpoint: about what the file will take."""
+    if torch.is_tensor(value):
+        return value.untyped_storage().nbytes() if value.device.type != "meta" else 0
+    if isinstance(value, dict):
+        return sum(tensor_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(item) for item in value)
+    return 0
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Same-folder temporary file, fsync, ``os.replace`` (``files.Partial``); stale temporaries are cleaned up.
 
@@ -38,9 +67,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         target = Path(path)
+        state = checkpoint.get("state_dict", {})
+        broken = non_finite_weights(state)
+        if broken:
+            raise NonFiniteWeights(target, broken, len(state))
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(target.parent, "*.ckpt")  # only rank 0 writes checkpoints
-        with Partial(target) as partial:
+        with Partial(target, needed=tensor_bytes(checkpoint)) as partial:
             torch.save(checkpoint, partial)
         self.written[target] = int(checkpoint.get("global_step", 0))
 

@@ -22,8 +22,12 @@ from typing_extensions import override
 from ..data import Fingerprinted, ImageDataModule
 from ..models import ImageClassifier
 from .checkpoint_io import read_checkpoint
+from .console_log import CONSOLE
 from .ending import end_early
-from .errors import UsageError, exit_with, full_error_wanted, parse_error_line
+from .error_report import write_error_log
+from .errors import UsageError, UserError, exit_with, full_error_wanted, parse_error_line
+from .faults import Fault, describe_fault, how_it_diverged
+from .files import NoSpaceError
 from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
 from .launch import exit_when_launcher_dies, launched_as_rank_zero
@@ -83,6 +87,7 @@ class TrainerCLI(LightningCLI):
         config (``cli.datamodule``, ``cli.model``, ``cli.trainer``), e.g. in a notebook or a benchmark.
         """
         silence_known_noise()
+        CONSOLE.detach()  # a new command (a sweep's next trial) records into its own run
         runs = kwargs.get("run", True)
         kwargs.setdefault("save_config_callback", RunRecord if runs else None)
         # The model takes its optimizer as an argument (model.optimizer), so no top-level group.
@@ -211,16 +216,48 @@ class TrainerCLI(LightningCLI):
             stop = self._get(self.config_init, "safety").stop
             code = end_early(error, self.trainer, self.run, stop, self.checkpoint_writer, trained=keep())
             if code is not None:  # a stopped run is not a finished one: say so in the exit status
+                if keep():
+                    CONSOLE.attach(self.run.directory, self.trainer.global_rank)
                 raise SystemExit(code) from None
-            raise
+            if not isinstance(error, Exception) or is_a_decision(error):
+                raise
+            raise self._failure(error, trained=keep()) from error
         if self.trainer.is_global_zero and not self.trainer.interrupted:
             summary = fit_summary if subcommand == "fit" else evaluation_summary
             print(summary(self.trainer, self.run))
+        CONSOLE.attach(self.run.directory, self.trainer.global_rank)
+        CONSOLE.detach()
+
+    def _failure(self, error: Exception, trained: bool) -> Exception:
+        """What to raise for ``error``: a mistake before training as itself, anything else as one line with a report.
+
+        A mistake refused before the first step leaves the disk as it was (``Run.undo`` has run). Any other
+        error keeps the run's ``logs/``: ``console.log`` and ``error.log`` (traceback, machine state).
+        """
+        mistake = isinstance(error, UserError) and not isinstance(error, NoSpaceError)
+        if mistake and not trained:
+            CONSOLE.discard()
+            return error
+        guard = self._get(self.config_init, "safety").divergence
+        line = describe_fault(error, self.trainer, self.run.directory, guard.first_step)
+        if isinstance(error, FloatingPointError) and self.trainer.is_global_zero and self.run.subcommand == "fit":
+            self.run.session.diverged = how_it_diverged(error, guard.first_step)
+            print(fit_summary(self.trainer, self.run))
+        CONSOLE.attach(self.run.directory, self.trainer.global_rank)
+        report = write_error_log(self.run.directory, error, line)
+        where = f"full report: {report}" if report is not None else "no report could be written"
+        return Fault(f"{line} ({where}; FULL_ERROR=1 prints the traceback here)")
+
+
+def is_a_decision(error: BaseException) -> bool:
+    """An exception that ends a command by design, not by failing: a sweep's pruned trial."""
+    return type(error).__name__ == "TrialPruned" and type(error).__module__.startswith("optuna")
 
 
 def main(default_config: Path | None = None, args: list[str] | None = None) -> None:
     """Run the CLI; a user's mistake ends in one ``error:`` line and exit code 2 (usage) or 1."""
     exit_when_launcher_dies()
+    CONSOLE.start()  # what the run prints is also kept in its logs/console.log
     try:
         TrainerCLI(default_config=default_config, args=args)
     except Exception as error:

@@ -60,7 +60,7 @@ def end_early(
     """
     cause = stop_signal(run.session.stopped_by or error, stop)
     if trainer.is_global_zero:
-        if trained:
+        if trained and cause is not None:  # an error's own line names the checkpoint it left (faults.py)
             print(stopped_message(trainer, run, writer, cause))
         if stop.requeue_wanted:  # the cluster's warning signal, once the checkpoint is written: back in the queue
             message = stop.requeue()

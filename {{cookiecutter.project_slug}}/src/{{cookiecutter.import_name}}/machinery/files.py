@@ -6,16 +6,61 @@ temporary name in the target's own folder (so the final rename never crosses a f
 is never a copy), are fsynced, and replace the target with one ``os.replace``. Every start that
 may create folders and then fail (a run, a data folder, an export folder) goes through
 ``NewFolders``, which removes exactly the folders it made.
+
+A full disk is reported as ``NoSpaceError``, whatever the writer said: Python's ``OSError(ENOSPC)``,
+or torch's C++ writer's ``unexpected pos N vs M`` and ``basic_ios::clear`` (its file is closed for it).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
 from types import TracebackType
 
+from .errors import UserError
+
 PARTIAL_PREFIX = ".partial-"  # .partial-<pid>.<final name>: hidden, and the final suffix is kept
+
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# What torch's zip writer (C++) says when a write comes up short; on its own it may mean another failure.
+TORCH_SHORT_WRITE = ("unexpected pos", "basic_ios::clear", "file write failed", "PytorchStreamWriter failed writing")
+NEARLY_FULL = 4 * 2**20  # bytes: less than this left after a short write means the disk filled up
+
+
+def megabytes(count: float) -> str:
+    return f"{count / 2**20:,.1f} MB"
+
+
+class NoSpaceError(UserError):
+    """A file could not be written for lack of space; nothing of it was kept."""
+
+    def __init__(self, target: Path, needed: int | None, free: int) -> None:
+        self.target, self.needed, self.free = Path(target), needed, free
+        need = f"needs about {megabytes(needed)}, " if needed else ""
+        where = f"the disk of {self.target.parent}"
+        super().__init__(f"no space left on {where} to write {self.target.name} ({need}{megabytes(free)} free)")
+
+
+def free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
+
+
+def is_full_disk(error: BaseException, folder: Path, needed: int | None = None) -> bool:
+    """Whether ``error`` of a writer into ``folder`` means the disk (or the quota) is full."""
+    if isinstance(error, NoSpaceError):
+        return True
+    if isinstance(error, OSError):
+        return error.errno in FULL_DISK_ERRNOS
+    if isinstance(error, RuntimeError) and any(text in str(error) for text in TORCH_SHORT_WRITE):
+        free = free_bytes(folder)
+        return free < NEARLY_FULL or (needed is not None and free < needed)
+    return False
 
 
 class Partial:
@@ -25,8 +70,10 @@ class Partial:
     a writer that spans several hooks calls ``commit()`` or ``discard()`` itself.
     """
 
-    def __init__(self, target: str | os.PathLike) -> None:
+    def __init__(self, target: str | os.PathLike, needed: int | None = None) -> None:
+        """``needed``: the bytes the file will take, if known (a full disk's message says it)."""
         self.target = Path(target)
+        self.needed = needed
         # The final name stays the suffix: readers that insist on ".onnx" or ".pt2" accept the temporary too.
         self.path = self.target.with_name(f"{PARTIAL_PREFIX}{os.getpid()}.{self.target.name}")
 
@@ -49,9 +96,26 @@ class Partial:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         if kind is None:
-            self.commit()
+            try:
+                self.commit()
+            except OSError as failure:
+                self.discard_after(failure)
+                raise
         else:
+            self.discard_after(error)
+
+    def discard_after(self, error: BaseException) -> None:
+        """Drop what was written after ``error`` of the writer; a full disk is raised as ``NoSpaceError``."""
+        self._raise_if_full(error)
+        self.discard()
+
+    def _raise_if_full(self, error: BaseException) -> None:
+        """Turn a full disk into ``NoSpaceError`` (judged before the discard gives the space back)."""
+        if isinstance(error, NoSpaceError):
+            return
+        if is_full_disk(error, self.target.parent, self.needed):
             self.discard()
+            raise NoSpaceError(self.target, self.needed, free_bytes(self.target.parent)) from error
 
 
 def remove_stale_partials(folder: Path, pattern: str = "*") -> None:

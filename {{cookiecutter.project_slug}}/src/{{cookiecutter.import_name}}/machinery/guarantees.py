@@ -7,7 +7,8 @@ resume, exact restarts and a clean stop need cannot live in the user's list:
   optimizer steps if set, and when training stops early (a signal, an error) once a step was taken;
 - ``StopOnSignal``: SIGTERM, Ctrl-C and the cluster's warning signal stop every rank after the same batch;
 - ``RandomState``: every random generator's state in each checkpoint;
-- ``AtomicCheckpointIO``: each checkpoint file complete or absent.
+- ``AtomicCheckpointIO``: each checkpoint file complete or absent, and never one of non-finite weights;
+- ``DivergenceGuard``: a run whose loss stopped being finite ends as a failure, saying at which step.
 
 A user's list that would contradict them is refused in one line before anything is built: one of
 these classes listed again, another checkpoint writer (a ``CheckpointIO`` plugin), a ``ModelCheckpoint``
@@ -25,6 +26,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from .checkpoint_io import AtomicCheckpointIO
+from .divergence import DivergenceGuard
 from .errors import UsageError
 from .loggers import class_of
 from .random_state import RandomState
@@ -50,7 +52,12 @@ class LastCheckpoint(ModelCheckpoint):
 class Safety:
     """The settings of what the CLI installs (``safety.*`` in a config); none of it can be switched off."""
 
-    def __init__(self, last_every_n_train_steps: int | None = None, requeue_signal: str = "SIGUSR1") -> None:
+    def __init__(
+        self,
+        last_every_n_train_steps: int | None = None,
+        requeue_signal: str = "SIGUSR1",
+        max_nonfinite_steps: int = 25,
+    ) -> None:
         """Tune the stops and saves that resume relies on.
 
         Args:
@@ -58,12 +65,17 @@ class Safety:
                 on machines that can be taken away); by default it is written at epoch ends and stops.
             requeue_signal: The signal a scheduler sends before the time limit (#SBATCH --signal=SIGUSR1@90):
                 the run stops with a checkpoint and a SLURM job requeues itself.
+            max_nonfinite_steps: End the run as diverged after this many optimizer steps in a row with a NaN or
+                infinite loss (at once when the weights themselves are no longer finite); no checkpoint is written.
         """
         if last_every_n_train_steps is not None and last_every_n_train_steps < 1:
             raise ValueError(
                 f"safety.last_every_n_train_steps must be a positive integer, got {last_every_n_train_steps}"
             )
+        if max_nonfinite_steps < 1:
+            raise ValueError(f"safety.max_nonfinite_steps must be a positive integer, got {max_nonfinite_steps}")
         self.last_every_n_train_steps = last_every_n_train_steps
+        self.divergence = DivergenceGuard(max_nonfinite_steps)
         self.stop = StopOnSignal(requeue_signal)  # checks the name now: a bad one is refused before training
 
     def callbacks(self, run_dir: Path) -> list[Callback]:
@@ -71,10 +83,10 @@ class Safety:
         writers = [LastCheckpoint(run_dir)]
         if self.last_every_n_train_steps is not None:  # a second writer: ModelCheckpoint saves by epoch or by step
             writers.append(LastCheckpoint(run_dir, self.last_every_n_train_steps))
-        return [self.stop, RandomState(), *writers]
+        return [self.stop, RandomState(), self.divergence, *writers]
 
 
-INSTALLED = (StopOnSignal, RandomState, LastCheckpoint, AtomicCheckpointIO)
+INSTALLED = (StopOnSignal, RandomState, DivergenceGuard, LastCheckpoint, AtomicCheckpointIO)
 
 
 def as_list(value: Any) -> list[Any]:

@@ -13,6 +13,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from typing_extensions import override
 
+from .console_log import CONSOLE
 from .loggers import is_tracker
 from .run import HASH_FILENAME, Run
 
@@ -37,6 +38,7 @@ class RunRecord(SaveConfigCallback):
         super().__init__(*args, save_to_log_dir=False, **kwargs)
         self.run = run
         self.session = run.session  # what the CLI and the summary read back
+        self._recording = False
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -85,6 +87,9 @@ class RunRecord(SaveConfigCallback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         self.session.last_step = trainer.global_step
         self.session.images += len(batch[0]) * trainer.world_size
+        if self.session.trained and not self._recording:  # worth keeping now: logs/console.log from the start
+            CONSOLE.attach(self.run.directory, trainer.global_rank)
+            self._recording = True
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:

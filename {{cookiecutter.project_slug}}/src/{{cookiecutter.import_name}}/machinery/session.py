@@ -15,6 +15,7 @@ class Session:
     images: int = 0
     started: float = field(default_factory=time.perf_counter)
     stopped_by: BaseException | None = None  # what ended training early, as Lightning saw it
+    diverged: str | None = None  # how, if training diverged
 
     @property
     def steps_taken(self) -> int:

@@ -31,16 +31,17 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
     for callback in trainer.checkpoint_callbacks:
         if not isinstance(callback, ModelCheckpoint):
             continue
-        if callback.monitor and callback.best_model_path:
+        if callback.monitor and callback.best_model_path and Path(callback.best_model_path).is_file():
             score = _number(float(callback.best_model_score)) if callback.best_model_score is not None else "?"
             epoch = stored_entry(callback.best_model_path, "epoch")
             epoch = "?" if epoch is None else epoch
             lines.append(f"Best checkpoint: {callback.best_model_path} ({callback.monitor} {score} at epoch {epoch})")
         elif callback.monitor is None and (callback.last_model_path or callback.best_model_path):
             latest = callback.last_model_path or callback.best_model_path  # without a monitor: the latest save
-            if latest not in named:
+            step = stored_entry(latest, "global_step")  # what the file holds (a diverged run's last save is older)
+            if latest not in named and step is not None:
                 named.add(latest)
-                lines.append(f"Last checkpoint: {latest} (step {trainer.global_step})")
+                lines.append(f"Last checkpoint: {latest} (step {step})")
     metrics = {
         name.removesuffix("_epoch"): float(value)
         for name, value in sorted(trainer.callback_metrics.items())
@@ -48,6 +49,8 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
     }
     if metrics:
         lines.append("Final metrics: " + "  ".join(f"{name} {_number(value)}" for name, value in metrics.items()))
+    if session.diverged:
+        lines.append(f"Diverged: {session.diverged}; the checkpoints above hold finite weights")
     if session.steps_taken == 0:
         lines.append(
             "Nothing left to train: the run had already reached trainer.max_epochs/max_steps; to extend it, "

@@ -1,0 +1,165 @@
+"""``<run>/logs/console.log``: everything a run printed, with timestamps, appended across resumes.
+
+A scheduler's output file is rotated, truncated or lost with the job; the run's own copy is not.
+What the process prints is teed from the start (``sys.stdout``, ``sys.stderr`` and the logging
+handlers that write to them) but held in memory until the session has taken its first optimizer
+step, or ends in a fault: a mistake refused before training leaves the disk as it was. Rank 0
+writes ``console.log``; other ranks write ``console-rank<N>.log``, only if they print anything.
+
+A progress bar redraws its line with carriage returns: the file keeps the line's last state. The
+file is a copy: if it cannot be written (a full disk), the screen still gets every line, and the
+run goes on.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from typing_extensions import override
+
+LOGS = "logs"
+
+
+def logs_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / LOGS
+
+
+def console_file(run_dir: Path, rank: int) -> Path:
+    return logs_dir(run_dir) / ("console.log" if rank == 0 else f"console-rank{rank}.log")
+
+
+class _Tee(io.TextIOBase):
+    """A text stream that writes through to ``stream`` and hands each completed line to ``sink``."""
+
+    def __init__(self, stream: TextIO, sink: ConsoleLog) -> None:
+        super().__init__()
+        self.stream = stream
+        self.sink = sink
+        self.pending = ""
+
+    @override
+    def write(self, text: str) -> int:
+        written = self.stream.write(text)
+        self.pending += text
+        if "\n" in self.pending:
+            *lines, self.pending = self.pending.split("\n")
+            for line in lines:
+                self.sink.record(line.rsplit("\r", 1)[-1])  # a redrawn line: its last state
+        return written
+
+    @override
+    def flush(self) -> None:
+        self.stream.flush()
+
+    @override
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    @override
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.stream.encoding
+
+    @override
+    def writable(self) -> bool:
+        return True
+
+
+class ConsoleLog:
+    """The process's console, copied into its run's ``logs/`` once there is a run worth recording."""
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+        self.file: TextIO | None = None
+        self.path: Path | None = None
+        self.failed: str | None = None  # why the file could not be written, if it could not
+        self._streams: tuple[TextIO, TextIO] | None = None
+
+    def start(self) -> None:
+        """Tee ``sys.stdout``/``sys.stderr`` and the logging handlers that write to them (idempotent)."""
+        if self._streams is not None:
+            return
+        self._streams = (sys.stdout, sys.stderr)
+        tees = {id(stream): _Tee(stream, self) for stream in self._streams}
+        sys.stdout, sys.stderr = tees[id(self._streams[0])], tees[id(self._streams[1])]
+        # Lightning's handler (and any other made at import) holds the stream it was given then.
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+            for handler in getattr(logger, "handlers", []):
+                if type(handler) is logging.StreamHandler and id(handler.stream) in tees:
+                    handler.setStream(tees[id(handler.stream)])
+
+    def record(self, line: str) -> None:
+        stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n"
+        if self.path is None:
+            self.held.append(stamped)
+        elif self._open():
+            self._write(stamped)
+
+    def attach(self, run_dir: Path, rank: int) -> Path | None:
+        """Write what was held to the run's console file and append there from now on; its path.
+
+        Rank 0's file is opened now; another rank's at its first line. None: the file cannot be written
+        (``failed`` says why; the screen still has every line).
+        """
+        if self._streams is None:  # not started: in-process use (a notebook, a test), where the caller has the output
+            return None
+        if self.path is None:
+            self.path = console_file(run_dir, rank)
+        if (rank == 0 or self.held) and not self._open():
+            return None
+        return self.path
+
+    def _open(self) -> bool:
+        if self.file is not None:
+            return True
+        if self.failed is not None:
+            return False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (open for the process's life)
+        except OSError as error:
+            self.failed = f"{self.path}: {error.strerror}"
+            self.held = []
+            return False
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        held, self.held = self.held, []
+        for line in [f"{stamp} ---- {' '.join(sys.argv)} (pid {os.getpid()})\n", *held]:
+            self._write(line)
+        return self.file is not None
+
+    def _write(self, line: str) -> None:
+        try:
+            self.file.write(line)
+            self.file.flush()
+        except OSError as error:  # a full disk: the screen still has it; the run goes on
+            self.failed = f"{self.path}: {error.strerror}"
+            self.close()
+
+    def discard(self) -> None:
+        """Forget what was held: the session left nothing worth recording (a refused start)."""
+        self.held = []
+
+    def detach(self) -> None:
+        """End this run's copy (the next command in this process, a sweep's next trial, starts its own)."""
+        self.close()
+        self.path, self.failed, self.held = None, None, []
+
+    def close(self) -> None:
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
+            self.file = None
+
+
+CONSOLE = ConsoleLog()  # one per process: the streams it tees are the process's
