@@ -1,6 +1,7 @@
 """Callbacks the tests add on the command line: what each rank was fed and ended with; a kill at a chosen moment.
 
-And a pruner that sweep files of the tests name, whose decisions do not depend on the numbers.
+And a pruner that sweep files of the tests name, whose decisions do not depend on the numbers; faults
+injected at a chosen step: a network that runs out of GPU memory, a loader worker killed, a disk filled.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from pathlib import Path
 
 import lightning as L
 import optuna
+import torch
+
+from {{ cookiecutter.import_name }}.models.backbones import FastCNN
 
 
 class DataProbe(L.Callback):
@@ -89,3 +93,65 @@ class PruneLaterTrials(optuna.pruners.BasePruner):
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         return trial.number > 0 and len(trial.intermediate_values) >= self.after
+
+
+class OutOfMemoryAt(FastCNN):
+    """FastCNN whose training forward pass raises CUDA's out-of-memory error at optimizer step ``OOM_AT`` (from 1).
+
+    The error is torch's own type with the allocator's wording, as a real GPU raises it in the forward pass.
+    """
+
+    def __init__(self, num_classes: int, width: int = 4) -> None:
+        super().__init__(num_classes, width)
+        self.at = int(os.environ.get("OOM_AT", "0"))
+        self.calls = 0
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at:
+                raise torch.OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+                    "which 1.02 GiB is free."
+                )
+        return super().forward(images)
+
+
+class KillWorkerAt(L.Callback):
+    """SIGKILL one data loader worker after training batch ``KILL_WORKER_AT`` (``E:B``), as the kernel's OOM killer does."""
+
+    def __init__(self) -> None:
+        self.moment = os.environ.get("KILL_WORKER_AT", "")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if f"{trainer.current_epoch}:{batch_idx}" != self.moment:
+            return
+        me = str(os.getpid())
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if fields[1] == me:  # the parent pid: a loader worker of this process
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    return
+
+
+class FillDiskAt(L.Callback):
+    """Fill the disk of the run directory, leaving ``FILL_LEAVE`` bytes, as epoch ``FILL_AT`` starts.
+
+    For a test that mounted a small filesystem there: the next checkpoint really meets a full disk.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = os.environ.get("FILL_AT", "")
+        self.leave = int(os.environ.get("FILL_LEAVE", "0"))
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:  # the checkpoints of the epoch before are written
+        if str(trainer.current_epoch) != self.epoch or not trainer.is_global_zero:
+            return
+        filler = Path(trainer.default_root_dir).parent / "filler"
+        free = os.statvfs(filler.parent).f_bavail * os.statvfs(filler.parent).f_frsize
+        with open(filler, "wb") as file:
+            file.write(b"\0" * max(free - self.leave, 0))

@@ -1,4 +1,4 @@
-"""Watch the fp16 loss scale; stop cleanly, with a checkpoint, when training has diverged.
+"""Watch the fp16 loss scale; end the run as diverged when the scaler keeps skipping steps.
 
 With fp16 mixed precision the GradScaler skips every step whose gradients overflow and halves
 its scale. A few skips are normal; a long run of them means training has gone non-finite and
@@ -8,14 +8,15 @@ every further step is wasted. Skips are detected by the scale dropping across ``
 
 Every comparison stays on the device: the counts are read on the host only every
 ``check_every_n_steps`` steps, so the step path never waits for the GPU. A stop therefore
-comes at the first check after ``max_consecutive_skips`` skipped steps in a row.
+comes at the first check after ``max_consecutive_skips`` skipped steps in a row. It raises
+``FloatingPointError``: the run ends as a failure (exit status 1, one line saying so), and no
+checkpoint is written then, so ``--ckpt_path last`` resumes the last state saved before.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -49,7 +50,7 @@ class GradScaleWatchdog(L.Callback):
             scale_floor: Warn when the loss scale falls below this value.
             max_skip_rate: Warn when more than this fraction of the last ``window`` steps were skipped.
             window: Number of recent optimizer steps the skip rate is measured over.
-            max_consecutive_skips: Save a checkpoint and stop after this many skipped steps in a row (0: never stop).
+            max_consecutive_skips: End the run as diverged after this many skipped steps in a row (0: never).
             check_every_n_steps: Steps between two reads of the counts on the host (1: every step, which
                 makes a GPU wait for each step to finish).
         """
@@ -62,7 +63,6 @@ class GradScaleWatchdog(L.Callback):
         self.check_every_n_steps = check_every_n_steps
         self.skipped_steps = 0  # read on the host at each check
         self.consecutive_skips = 0
-        self.stop_checkpoint: Path | None = None
         self._recent: deque[tuple[int, int]] = deque(maxlen=max(1, math.ceil(window / check_every_n_steps)))
         self._scale_before: Tensor | None = None
         self._unread: dict[str, Tensor] = {}  # on the device: skipped, longest run, current run since the last check
@@ -169,17 +169,10 @@ class GradScaleWatchdog(L.Callback):
             self._stop(trainer)
 
     def _stop(self, trainer: L.Trainer) -> None:
-        checkpoint_dir = (
-            Path(trainer.checkpoint_callback.dirpath) if trainer.checkpoint_callback else Path(trainer.default_root_dir)
-        )
-        self.stop_checkpoint = checkpoint_dir / "last.ckpt"
-        trainer.save_checkpoint(self.stop_checkpoint)  # collective: every rank calls it, rank 0 writes
-        trainer.should_stop = True
         self.consecutive_skips = 0
-        rank_zero_warn(
-            f"GradScaleWatchdog: stopped training at step {trainer.global_step} after {self.max_consecutive_skips} "
-            f"optimizer steps in a row were skipped (non-finite gradients or loss). The state was saved to "
-            f"{self.stop_checkpoint}; resume with --ckpt_path last once the cause is fixed. {CAUSES.capitalize()}."
+        raise FloatingPointError(
+            f"GradScaleWatchdog: {self.max_consecutive_skips} optimizer steps in a row were skipped (non-finite "
+            f"gradients or loss) by step {trainer.global_step}; {CAUSES}"
         )
 
     @override

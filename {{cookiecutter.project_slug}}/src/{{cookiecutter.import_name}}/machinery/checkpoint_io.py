@@ -73,7 +73,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise NonFiniteWeights(target, broken, len(state))
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(target.parent, "*.ckpt")  # only rank 0 writes checkpoints
-        with Partial(target, needed=tensor_bytes(checkpoint)) as partial:
+        # About what the file will take: its tensors, or as much as the run's other checkpoints if more.
+        needed = max([tensor_bytes(checkpoint), *(path.stat().st_size for path in target.parent.glob("*.ckpt"))])
+        with Partial(target, needed=needed) as partial:
             torch.save(checkpoint, partial)
         self.written[target] = int(checkpoint.get("global_step", 0))
 
