@@ -118,7 +118,7 @@ class OutOfMemoryAt(FastCNN):
 
 
 class KillWorkerAt(L.Callback):
-    """SIGKILL one data loader worker after training batch ``KILL_WORKER_AT`` (``E:B``), as the kernel's OOM killer does."""
+    """SIGKILL a loader worker after training batch ``KILL_WORKER_AT`` (``E:B``), as the kernel's OOM killer would."""
 
     def __init__(self) -> None:
         self.moment = os.environ.get("KILL_WORKER_AT", "")

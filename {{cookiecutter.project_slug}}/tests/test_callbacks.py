@@ -165,7 +165,7 @@ def test_watchdog_logs_the_scale_of_a_healthy_fp16_run(data_dir, tmp_path):
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # skipped steps
 def test_watchdog_ends_the_run_as_diverged_after_consecutive_overflows(data_dir, tmp_path):
     watchdog = GradScaleWatchdog(max_consecutive_skips=3, check_every_n_steps=1)
-    with pytest.raises(FloatingPointError, match="3 optimizer steps in a row were skipped .* by step 3"):
+    with pytest.raises(FloatingPointError, match=r"3 optimizer steps in a row were skipped .* by step 3"):
         tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
     assert watchdog.skipped_steps == 3
     events = read_events(next(tmp_path.rglob("events.out.tfevents.*")).parent)
@@ -176,7 +176,7 @@ def test_watchdog_ends_the_run_as_diverged_after_consecutive_overflows(data_dir,
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # skipped steps
 def test_watchdog_reads_its_counts_only_every_n_steps_and_stops_at_the_next_read(data_dir, tmp_path):
     watchdog = GradScaleWatchdog(max_consecutive_skips=2, check_every_n_steps=3)
-    with pytest.raises(FloatingPointError, match="2 optimizer steps in a row were skipped .* by step 3"):
+    with pytest.raises(FloatingPointError, match=r"2 optimizer steps in a row were skipped .* by step 3"):
         tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
     assert watchdog.skipped_steps == 3  # two skips in a row by step 2, read at 3
 

@@ -3,7 +3,9 @@
 The cache is built in a temporary folder beside its final place and renamed into place
 only when complete, with ``meta.json`` (the completion marker) inside. A cache whose
 marker is missing, from another format version, or from another archive is rebuilt,
-never trusted, so a killed conversion can never be read back as data.
+never trusted, so a killed conversion can never be read back as data. The marker records each
+array's size and checksum: a copy truncated or altered since (a full disk, a crash, a stray write)
+is rebuilt from the archive before any run reads it, or refused in one line when the archive is gone.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
 from torchvision.datasets.utils import calculate_md5, download_url
 
-from ..machinery.files import NewFolders, Partial, remove_stale_partials
+from ..machinery.files import NewFolders, Partial, damage, file_record, remove_stale_partials, writable
 from .cifar_format import IMAGE_SHAPE, ROW_LENGTH, CifarFormat, read_batch
 from .errors import DataError
 
@@ -97,8 +100,18 @@ def ensure_archive(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_c
     return path, md5
 
 
+def cache_damage(data_dir: Path, fmt: CifarFormat) -> str | None:
+    """What is wrong with a converted cache whose arrays changed since conversion; None if whole (or absent)."""
+    root = cache_dir(data_dir, fmt)
+    try:
+        meta = json.loads((root / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return damage(root, meta.get("files", {}))
+
+
 def load_cache(data_dir: Path, fmt: CifarFormat, archive_md5: str | None = None) -> Cache | None:
-    """Return the converted cache if it is complete (and made from ``archive_md5``, if given)."""
+    """Return the converted cache if it is complete and whole (and made from ``archive_md5``, if given)."""
     root = cache_dir(data_dir, fmt)
     try:
         meta = json.loads((root / MARKER).read_text())
@@ -111,7 +124,18 @@ def load_cache(data_dir: Path, fmt: CifarFormat, archive_md5: str | None = None)
     cache = Cache(root, tuple(meta["class_names"]), meta["archive_md5"])
     if not all(path.is_file() for split in SPLITS for path in vars(cache.split(split)).values()):
         return None
+    if damage(root, meta.get("files", {})) is not None:  # caches of earlier releases recorded no files
+        return None
     return cache
+
+
+def _no_source_message(data_dir: Path, fmt: CifarFormat) -> str:
+    """The archive is not there and may not be downloaded; say so, and why the converted copy cannot stand in."""
+    damaged = cache_damage(data_dir, fmt)
+    reason = "and data.download is false"
+    if damaged is not None:
+        reason += f"; the converted copy in {cache_dir(data_dir, fmt)} cannot be used alone: {damaged}"
+    return _missing_archive_message(archive_path(data_dir, fmt), fmt, reason)
 
 
 def _read_member(tar: tarfile.TarFile, archive: Path, member: str) -> dict[str, object]:
@@ -187,9 +211,30 @@ def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarF
             "class_names": list(class_names),
             "counts": counts,
         }
+        marker["files"] = {path.name: file_record(path) for path in sorted(partial.glob("*.npy"))}
         (partial / MARKER).write_text(json.dumps(marker, indent=2))
     log.info("converted %s into %s (%s)", archive, final, counts)
     return Cache(final, class_names, archive_md5)
+
+
+def _read_only_message(data_dir: Path, fmt: CifarFormat) -> str:
+    return (
+        f"data.data_dir {data_dir} cannot be written (read-only or no permission) and holds no complete converted "
+        f"{fmt.title} copy to read; run once where that folder can be written, or point data.data_dir at a "
+        "writable copy of it"
+    )
+
+
+def _read_only_cache(data_dir: Path, fmt: CifarFormat, verify_checksum: bool) -> Cache:
+    """The complete cache of a folder this process cannot write, which it may only read; else a one-line refusal."""
+    archive = archive_path(data_dir, fmt)
+    md5 = (
+        ensure_archive(data_dir, fmt, download=False, verify_checksum=verify_checksum)[1] if archive.is_file() else None
+    )
+    cache = load_cache(data_dir, fmt, archive_md5=md5)
+    if cache is None:
+        raise DataError(_read_only_message(data_dir, fmt))
+    return cache
 
 
 def fingerprint(data_dir: Path, fmt: CifarFormat, *, download: bool = True, verify_checksum: bool = True) -> str:
@@ -206,8 +251,10 @@ def fingerprint(data_dir: Path, fmt: CifarFormat, *, download: bool = True, veri
     else:
         cache = load_cache(data_dir, fmt)
         if cache is None and not download:
-            raise DataError(_missing_archive_message(archive, fmt, "and data.download is false"))
+            raise DataError(_no_source_message(data_dir, fmt))
         md5 = cache.archive_md5 if cache is not None else fmt.md5
+    if Path(data_dir).is_dir() and not writable(data_dir):  # refused before anything is built
+        _read_only_cache(data_dir, fmt, verify_checksum)
     return f"{fmt.name}:{md5}"
 
 
@@ -219,9 +266,11 @@ def prepare(data_dir: Path, fmt: CifarFormat, *, download: bool = True, verify_c
     preparing fails, and none is created when there is nothing to download into it.
     """
     data_dir = Path(data_dir)
+    if data_dir.is_dir() and not writable(data_dir):  # a shared, read-only copy: read it, take no lock
+        return _read_only_cache(data_dir, fmt, verify_checksum)
     if not data_dir.is_dir():
         if not download:
-            raise DataError(_missing_archive_message(archive_path(data_dir, fmt), fmt, "and data.download is false"))
+            raise DataError(_no_source_message(data_dir, fmt))
         with NewFolders(data_dir):
             return _prepare_in(data_dir, fmt, download=download, verify_checksum=verify_checksum)
     return _prepare_in(data_dir, fmt, download=download, verify_checksum=verify_checksum)
@@ -238,8 +287,13 @@ def _prepare_in(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_chec
             cache = load_cache(data_dir, fmt)
             if cache is not None:
                 return cache
+            if not download:
+                raise DataError(_no_source_message(data_dir, fmt))
         archive, md5 = ensure_archive(data_dir, fmt, download=download, verify_checksum=verify_checksum)
         cache = load_cache(data_dir, fmt, archive_md5=md5)
         if cache is None:
+            damaged = cache_damage(data_dir, fmt)
+            if damaged is not None:
+                rank_zero_info(f"Data: {cache_dir(data_dir, fmt)} is damaged ({damaged}); converting {archive} again")
             cache = convert_archive(archive, md5, data_dir, fmt)
         return cache

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from ..machinery.errors import check_choice
+from ..machinery.files import writable
 from ..machinery.packing import (
     IMBALANCE_RATIO,
     PackedImages,
@@ -27,6 +28,7 @@ from ..machinery.packing import (
     open_packed,
     pack,
     packed_folder,
+    packed_read_only,
 )
 from .datamodule import ImageDataModule
 from .dataset import MemmapBatches
@@ -164,6 +166,9 @@ class ImageFolderDataModule(ImageDataModule):
             return f"images:{settings['predict_dir']}"
         found = labelled_images(settings.get("image_dir", "data/images"))
         pack_settings = PackSettings(int(settings.get("image_size", 64)), settings.get("resize", "crop"))
+        cache_dir = Path(settings.get("cache_dir", "data/packed")).expanduser()
+        if not writable(cache_dir):  # refused before anything is built, unless a whole copy is there to read
+            packed_read_only(cache_dir, found, pack_settings)
         return f"images:{manifest_digest(found, pack_settings)}"
 
     @override

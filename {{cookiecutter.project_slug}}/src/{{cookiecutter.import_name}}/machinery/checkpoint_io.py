@@ -24,7 +24,7 @@ from .errors import UserError
 from .files import Partial, remove_stale_partials
 
 
-class NonFiniteWeights(FloatingPointError):
+class NonFiniteWeightsError(FloatingPointError):
     """A checkpoint about to be written holds NaN or infinite weights: training has diverged."""
 
     def __init__(self, target: Path, names: list[str], total: int) -> None:
@@ -35,7 +35,9 @@ class NonFiniteWeights(FloatingPointError):
 
 def non_finite_weights(state_dict: dict[str, Any]) -> list[str]:
     """The names of the floating-point tensors in ``state_dict`` holding a NaN or an infinity."""
-    floating = {name: value for name, value in state_dict.items() if torch.is_tensor(value) and value.is_floating_point()}
+    floating = {
+        name: value for name, value in state_dict.items() if torch.is_tensor(value) and value.is_floating_point()
+    }
     if not floating:
         return []
     finite = torch.stack([torch.isfinite(value).all().cpu() for value in floating.values()])  # one read per device
@@ -70,7 +72,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         state = checkpoint.get("state_dict", {})
         broken = non_finite_weights(state)
         if broken:
-            raise NonFiniteWeights(target, broken, len(state))
+            raise NonFiniteWeightsError(target, broken, len(state))
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(target.parent, "*.ckpt")  # only rank 0 writes checkpoints
         # About what the file will take: its tensors, or as much as the run's other checkpoints if more.

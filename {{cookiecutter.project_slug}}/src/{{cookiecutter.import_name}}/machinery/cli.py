@@ -26,7 +26,7 @@ from .console_log import CONSOLE
 from .ending import end_early
 from .error_report import write_error_log
 from .errors import UsageError, UserError, exit_with, full_error_wanted, parse_error_line
-from .faults import Fault, describe_fault, how_it_diverged
+from .faults import FaultError, describe_fault, how_it_diverged
 from .files import NoSpaceError
 from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
@@ -246,7 +246,7 @@ class TrainerCLI(LightningCLI):
         CONSOLE.attach(self.run.directory, self.trainer.global_rank)
         report = write_error_log(self.run.directory, error, line)
         where = f"full report: {report}" if report is not None else "no report could be written"
-        return Fault(f"{line} ({where}; FULL_ERROR=1 prints the traceback here)")
+        return FaultError(f"{line} ({where}; FULL_ERROR=1 prints the traceback here)")
 
 
 def is_a_decision(error: BaseException) -> bool:

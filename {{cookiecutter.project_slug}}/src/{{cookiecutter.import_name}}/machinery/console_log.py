@@ -13,6 +13,7 @@ run goes on.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -155,10 +156,8 @@ class ConsoleLog:
 
     def close(self) -> None:
         if self.file is not None:
-            try:
+            with contextlib.suppress(OSError):  # the last lines could not be flushed: the screen has them
                 self.file.close()
-            except OSError:
-                pass
             self.file = None
 
 

@@ -5,10 +5,10 @@ later; every further step is wasted, and a checkpoint written then would make ``
 resume from NaN. ``DivergenceGuard`` (installed by the CLI whatever the config's callbacks say)
 keeps, on the device, the step at which the current run of non-finite losses began and its length,
 and reads them on the host every ``CHECK_EVERY_N_STEPS`` steps and before every checkpoint. It stops
-the run with ``Diverged`` once the weights themselves are not finite, or after
+the run with ``DivergedError`` once the weights themselves are not finite, or after
 ``safety.max_nonfinite_steps`` steps in a row with a non-finite loss (fp16's loss scaler recovers
 from an occasional one). The checkpoint writer refuses non-finite weights on its own as well
-(``checkpoint_io.NonFiniteWeights``).
+(``checkpoint_io.NonFiniteWeightsError``).
 
 It also decides whether the checkpoint Lightning writes when an exception ends training
 (``save_on_exception``) may be written: not after a divergence or a full disk, and not when the
@@ -32,7 +32,7 @@ from .files import is_full_disk
 CHECK_EVERY_N_STEPS = 10  # host reads of the device counts; a GPU never waits on a step in between
 
 
-class Diverged(FloatingPointError):
+class DivergedError(FloatingPointError):
     """Training diverged: the loss stopped being finite at ``first_step`` (the optimizer step, counted from 1)."""
 
     def __init__(self, first_step: int, steps: int, weights_finite: bool) -> None:
@@ -88,13 +88,13 @@ class DivergenceGuard(L.Callback):
         self._unread = 0
 
     def check(self, pl_module: L.LightningModule) -> None:
-        """Raise ``Diverged`` if the weights are not finite, or the loss has not been for too many steps."""
+        """Raise ``DivergedError`` if the weights are not finite, or the loss has not been for too many steps."""
         self._read()
         if not self.nonfinite_steps:
             return
         weights_finite = not non_finite_weights(pl_module.state_dict())
         if not weights_finite or self.nonfinite_steps >= self.max_nonfinite_steps:
-            raise Diverged(self.first_step, self.nonfinite_steps, weights_finite)
+            raise DivergedError(self.first_step, self.nonfinite_steps, weights_finite)
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:

@@ -23,7 +23,7 @@ from .resolution import CHECKPOINTS, LAST
 WORKER_KILLED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited)")
 
 
-class Fault(UserError):
+class FaultError(UserError):
     """A run ended by its machine or its numbers, not by a mistake in the command: its logs are kept."""
 
     exit_code = RUNTIME
@@ -77,9 +77,10 @@ def describe_fault(error: BaseException, trainer: L.Trainer, run_dir: Path, firs
         keep_step = ""
         if size is not None and fitting:
             images = size * trainer.world_size * trainer.accumulate_grad_batches
+            twice = trainer.accumulate_grad_batches * 2
             keep_step = (
                 f" (keep {images} images per step with data.global_batch_size {images} and "
-                f"trainer.accumulate_grad_batches {trainer.accumulate_grad_batches * 2}; add --allow_config_change true)"
+                f"trainer.accumulate_grad_batches {twice}; add --allow_config_change true)"
             )
         return (
             f"out of GPU memory{step} with {batch}; {state}lower the batch per device{keep_step}, or use "

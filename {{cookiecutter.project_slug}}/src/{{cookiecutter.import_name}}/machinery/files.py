@@ -7,6 +7,10 @@ is never a copy), are fsynced, and replace the target with one ``os.replace``. E
 may create folders and then fail (a run, a data folder, an export folder) goes through
 ``NewFolders``, which removes exactly the folders it made.
 
+A copy made once and read by every run (the converted archive, packed images) records each file's
+size and CRC-32 when it is made (``file_record``); ``damage`` says what changed since, before a run
+trains on it: a truncation (a full disk, a crash) or bytes overwritten.
+
 A full disk is reported as ``NoSpaceError``, whatever the writer said: Python's ``OSError(ENOSPC)``,
 or torch's C++ writer's ``unexpected pos N vs M`` and ``basic_ios::clear`` (its file is closed for it).
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import zlib
 from pathlib import Path
 from types import TracebackType
 
@@ -37,11 +42,15 @@ def megabytes(count: float) -> str:
 class NoSpaceError(UserError):
     """A file could not be written for lack of space; nothing of it was kept."""
 
-    def __init__(self, target: Path, needed: int | None, free: int) -> None:
+    def __init__(self, target: Path, needed: int | None, free: int, remedy: str = "") -> None:
+        """``remedy``: what to do besides freeing space (said after it), e.g. where else to write."""
         self.target, self.needed, self.free = Path(target), needed, free
         need = f"needs about {megabytes(needed)}, " if needed else ""
         where = f"the disk of {self.target.parent}"
-        super().__init__(f"no space left on {where} to write {self.target.name} ({need}{megabytes(free)} free)")
+        message = (
+            f"no space left on {where} to write {self.target.name} ({need}{megabytes(free)} free; nothing was kept)"
+        )
+        super().__init__(f"{message}; free space there or {remedy}" if remedy else message)
 
 
 def free_bytes(folder: Path) -> int:
@@ -116,6 +125,41 @@ class Partial:
         if is_full_disk(error, self.target.parent, self.needed):
             self.discard()
             raise NoSpaceError(self.target, self.needed, free_bytes(self.target.parent)) from error
+
+
+CHECKSUM_CHUNK = 16 * 2**20
+
+
+def file_record(path: Path) -> dict[str, int]:
+    """``{"bytes": size, "crc32": checksum}`` of a file: what ``damage`` compares later (CRC-32 reads ~2 GB/s)."""
+    checksum = 0
+    with open(path, "rb") as file:
+        while chunk := file.read(CHECKSUM_CHUNK):
+            checksum = zlib.crc32(chunk, checksum)
+    return {"bytes": Path(path).stat().st_size, "crc32": checksum}
+
+
+def damage(folder: Path, records: dict[str, dict[str, int]]) -> str | None:
+    """What differs in ``folder`` from the ``file_record`` of each file when it was made, or None if nothing."""
+    for name, recorded in records.items():
+        path = Path(folder) / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != recorded["bytes"]:
+            return f"{name} has {size:,} bytes, {recorded['bytes']:,} when it was made"
+        if file_record(path)["crc32"] != recorded["crc32"]:
+            return f"{name} has other bytes than when it was made, by its checksum"
+    return None
+
+
+def writable(folder: Path) -> bool:
+    """Whether this process may create files in ``folder``, or in its nearest existing parent if it is not there yet.
+
+    ``os.access`` knows a read-only filesystem even for root, who passes every permission check.
+    """
+    existing = next((path for path in [Path(folder), *Path(folder).parents] if path.exists()), Path("."))
+    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
 
 
 def remove_stale_partials(folder: Path, pattern: str = "*") -> None:

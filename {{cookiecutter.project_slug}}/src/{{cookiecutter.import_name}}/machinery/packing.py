@@ -14,7 +14,6 @@ The source is only read.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -35,7 +34,7 @@ from tqdm import tqdm
 from ..data.errors import DataError, DataSettingError
 from ..data.image_files import BadImageError, Resize, decode_image, resize_array
 from ..data.image_sources import LabelledImages, read_array_images
-from .files import Partial, remove_stale_partials
+from .files import NoSpaceError, Partial, damage, file_record, is_full_disk, remove_stale_partials, writable
 
 PACK_FORMAT_VERSION = 1
 MARKER = "meta.json"
@@ -101,7 +100,7 @@ def packed_folder(cache_dir: Path, found: LabelledImages, settings: PackSettings
 
 
 def open_packed(folder: Path) -> PackedImages | None:
-    """The packed copy in ``folder`` if it is complete and whole (its files have the sizes recorded)."""
+    """The packed copy in ``folder`` if it is complete and whole (its files have the sizes and checksums recorded)."""
     try:
         meta = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
@@ -113,6 +112,10 @@ def open_packed(folder: Path) -> PackedImages | None:
         path = folder / name
         if not path.is_file() or path.stat().st_size != recorded:
             return None
+    damaged = damage(folder, meta.get("files", {}))
+    if damaged is not None:
+        rank_zero_info(f"Data: the packed copy {folder} is damaged ({damaged}); packing the images again")
+        return None
     return packed
 
 
@@ -149,6 +152,17 @@ def _decoded(tasks: list[tuple[str, str, int, str]], workers: int) -> Iterator[t
 
 def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def packed_read_only(cache_dir: Path, found: LabelledImages, settings: PackSettings) -> PackedImages:
+    """The whole packed copy in a ``cache_dir`` this process cannot write; else a one-line refusal."""
+    packed = open_packed(packed_folder(cache_dir, found, settings))
+    if packed is None:
+        raise DataSettingError(
+            f"data.cache_dir {cache_dir} cannot be written (read-only or no permission) and holds no whole packed copy "
+            f"of {found.root} at {settings.image_size} px; point data.cache_dir at a folder you can write"
+        )
+    return packed
 
 
 def _check_space(folder: Path, needed: int) -> None:
@@ -219,6 +233,7 @@ def _pack_into(partial: Path, found: LabelledImages, settings: PackSettings, wor
         "class_counts": class_counts,
         "bad_images": len(bad),
         "file_sizes": {path.name: path.stat().st_size for path in sorted(partial.iterdir()) if path.suffix == ".npy"},
+        "files": {path.name: file_record(path) for path in sorted(partial.iterdir()) if path.is_file()},
     }
 
 
@@ -232,6 +247,8 @@ def pack(
 ) -> PackedImages:
     """The packed copy of ``found`` at ``settings``: reused when complete, else packed now (atomically)."""
     folder = packed_folder(cache_dir, found, settings)
+    if not writable(folder.parent):  # a shared, read-only copy: read it, take no lock
+        return packed_read_only(cache_dir, found, settings)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         lock_file = open(folder.parent / f".{folder.name}.lock", "w")  # noqa: SIM115 (held for the whole packing)
@@ -259,13 +276,12 @@ def pack(
                 partial.mkdir()
                 meta = _pack_into(partial, found, settings, workers, on_bad_image == "error")
                 (partial / MARKER).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
-        except OSError as error:
-            if error.errno != errno.ENOSPC:
+        except (OSError, NoSpaceError) as error:
+            if not is_full_disk(error, folder.parent):
                 raise
             free = shutil.disk_usage(folder.parent).free
-            raise DataError(
-                f"no space left while packing into {folder} (needs {total * 3 * settings.image_size**2 / 2**20:.0f} "
-                f"MB, {free / 2**20:.0f} MB free; nothing was kept); free space or point data.cache_dir elsewhere"
+            raise NoSpaceError(
+                folder, total * 3 * settings.image_size**2, free, "point data.cache_dir elsewhere"
             ) from error
         seconds = time.perf_counter() - start
     packed = PackedImages(folder, meta)
