@@ -22,6 +22,7 @@ from {{ cookiecutter.import_name }}.data.folder import stratified_split
 from {{ cookiecutter.import_name }}.data.image_files import BadImageError, decode_image
 from {{ cookiecutter.import_name }}.data.image_sources import find_images
 from {{ cookiecutter.import_name }}.machinery import packing
+from {{ cookiecutter.import_name }}.machinery.files import NoSpaceError
 from {{ cookiecutter.import_name }}.machinery.packing import (
     PackSettings,
     open_packed,
@@ -247,7 +248,7 @@ def test_a_packing_that_fails_half_way_leaves_nothing_a_later_run_could_take_for
 
     real = packing._decode
     monkeypatch.setattr(packing, "_decode", fails_on_the_fifth)
-    with pytest.raises(DataError, match="no space left while packing"):
+    with pytest.raises(NoSpaceError, match=r"no space left on the disk of .*packed to write photos-16px-"):
         pack(find_images(photos), PackSettings(16, "crop"), tmp_path / "packed", workers=1)
     assert [path.name for path in (tmp_path / "packed").iterdir() if not path.name.endswith(".lock")] == []
     monkeypatch.setattr(packing, "_decode", real)
@@ -259,10 +260,13 @@ def test_a_damaged_packed_copy_is_not_taken_for_complete(tmp_path):
     photos = write_image_folder(tmp_path / "photos", per_class=2)
     packed = pack(find_images(photos), PackSettings(16, "crop"), tmp_path / "packed", workers=1)
     images = packed.split("train").images
-    images.write_bytes(images.read_bytes()[:-100])
+    whole = images.read_bytes()
+    images.write_bytes(whole[:-100])  # truncated
+    assert open_packed(packed.root) is None
+    images.write_bytes(whole[:-4] + bytes(4 * [whole[-1] ^ 0xFF]))  # four bytes overwritten, same size
     assert open_packed(packed.root) is None
     repacked = pack(find_images(photos), PackSettings(16, "crop"), tmp_path / "packed", workers=1)
-    assert open_packed(repacked.root) is not None
+    assert open_packed(repacked.root) is not None and repacked.split("train").images.read_bytes() == whole
 
 
 def test_the_held_out_split_is_stratified_seeded_and_disjoint():
