@@ -97,9 +97,25 @@ class CheckpointError(UserError, ValueError):
     """A file that cannot be used as a checkpoint of this project; the message says why."""
 
 
+def damaged_record(path: str | os.PathLike) -> str | None:
+    """The first record of a checkpoint whose bytes fail the CRC-32 its zip container stored, or None if all pass.
+
+    ``torch.load`` does not check them: a flipped bit in a weight would load without a word.
+    """
+    with zipfile.ZipFile(path) as container:
+        bad = container.testzip()
+    return bad.split("/", 1)[-1] if bad is not None else None
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint's contents (weights-only, on the CPU), or say what is wrong with the file."""
     try:
+        bad = damaged_record(path)
+        if bad is not None:
+            raise CheckpointError(
+                f"{path} is corrupt: its record {bad} fails its checksum (bytes changed on disk); use another "
+                "checkpoint of the run, e.g. its checkpoints/last.ckpt or best-*.ckpt"
+            )
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         # torch's message suggests weights_only=False, which would run the file's code: never for a file
