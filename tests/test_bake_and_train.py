@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 # FastCNN whatever the answers (the CLI is under test); each render's own configured network is trained
 # and exported below. The suite has a time budget (seconds on 2 cores): a hang fails it without waiting
 # for the CI limit.
-# The only reasons a rendered test may be skipped: no GPU, no browser for the TensorBoard pages.
-ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium")
+# The only reasons a rendered test may be skipped: no GPU, no browser for the TensorBoard pages, no mount namespace.
+ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium", "no private mount namespace")
 # A render whose pytest arguments are None is only trained and exported: its suite differs from the
 # default render's in Jinja branches that the render tests lint and compile.
 RENDERS = [

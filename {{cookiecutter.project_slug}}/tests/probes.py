@@ -6,6 +6,7 @@ injected at a chosen step: a network that runs out of GPU memory, a loader worke
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -139,7 +140,7 @@ class KillWorkerAt(L.Callback):
 
 
 class FillDiskAt(L.Callback):
-    """Fill the disk of the run directory, leaving ``FILL_LEAVE`` bytes, as epoch ``FILL_AT`` starts.
+    """Fill the disk of the run's checkpoints, leaving ``FILL_LEAVE`` bytes, as epoch ``FILL_AT`` starts.
 
     For a test that mounted a small filesystem there: the next checkpoint really meets a full disk.
     """
@@ -151,7 +152,27 @@ class FillDiskAt(L.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:  # the checkpoints of the epoch before are written
         if str(trainer.current_epoch) != self.epoch or not trainer.is_global_zero:
             return
-        filler = Path(trainer.default_root_dir).parent / "filler"
+        filler = Path(trainer.checkpoint_callback.dirpath) / ".filler"
         free = os.statvfs(filler.parent).f_bavail * os.statvfs(filler.parent).f_frsize
         with open(filler, "wb") as file:
             file.write(b"\0" * max(free - self.leave, 0))
+
+
+class NoSpaceAt(L.Callback):
+    """From epoch ``NO_SPACE_AT`` on, torch's writer stops halfway through a file with ``ENOSPC``, as on a full disk.
+
+    For machines where a test cannot mount a small filesystem (``FillDiskAt`` is the real thing).
+    """
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if str(trainer.current_epoch) != os.environ.get("NO_SPACE_AT", ""):
+            return
+        real = torch.save
+
+        def short_write(obj, file, *args, **kwargs):
+            real(obj, file, *args, **kwargs)
+            with open(file, "r+b") as written:
+                written.truncate(os.path.getsize(file) // 2)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+
+        torch.save = short_write

@@ -8,7 +8,8 @@ writes ``console.log``; other ranks write ``console-rank<N>.log``, only if they 
 
 A progress bar redraws its line with carriage returns: the file keeps the line's last state. The
 file is a copy: if it cannot be written (a full disk), the screen still gets every line, and the
-run goes on.
+run goes on. A background thread that fails (TensorBoard's event writer on a full disk) gets one
+line on the screen; its traceback goes to the file only.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import io
 import logging
 import os
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import TextIO
 
@@ -97,6 +100,20 @@ class ConsoleLog:
             for handler in getattr(logger, "handlers", []):
                 if type(handler) is logging.StreamHandler and id(handler.stream) in tees:
                     handler.setStream(tees[id(handler.stream)])
+        threading.excepthook = self._thread_failed
+
+    def _thread_failed(self, failure: threading.ExceptHookArgs) -> None:
+        """One line on the screen for a failed background thread; its traceback in the file only."""
+        if failure.exc_type is SystemExit:
+            return
+        text = "".join(traceback.format_exception(failure.exc_type, failure.exc_value, failure.exc_traceback))
+        name = failure.thread.name if failure.thread is not None else "a thread"
+        for line in [f"background thread {name} failed:", *text.splitlines()]:
+            self.record(line)
+        where = f" (traceback in {self.path})" if self.path is not None and self.failed is None else ""
+        message = str(failure.exc_value).splitlines()[0] if str(failure.exc_value) else ""
+        warning = f"warning: background thread {name} failed: {failure.exc_type.__name__}: {message}{where}"
+        self._streams[1].write(warning + "\n")
 
     def record(self, line: str) -> None:
         stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n"

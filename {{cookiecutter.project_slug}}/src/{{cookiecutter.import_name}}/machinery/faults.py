@@ -68,7 +68,10 @@ def describe_fault(error: BaseException, trainer: L.Trainer, run_dir: Path, firs
         kept, again = "no checkpoint of this run was saved", "run the same command to start it over"
     state = f"{kept}: " if kept else ""
     if isinstance(error, NoSpaceError) or is_full_disk(error, run_dir):
-        what = str(error) if isinstance(error, NoSpaceError) else f"no space left on the disk ({error})"
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        written = f", writing {error.filename}" if isinstance(error, OSError) and error.filename else ""
+        what = f"no space left on the disk of {run_dir} ({reason}{written})"
+        what = str(error) if isinstance(error, NoSpaceError) else what
         return f"{what}; {state}free space there (or write elsewhere: trainer.logger.init_args.save_dir), then {again}"
     if isinstance(error, torch.OutOfMemoryError):
         size = getattr(trainer.datamodule, "batch_size", None)
