@@ -68,7 +68,13 @@ def finished(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     (root / "garbage.ckpt").write_bytes(b"\x80\x04garbage" * 50)
     torch.save({"weights": torch.zeros(2)}, root / "foreign.ckpt")
     (root / "a_file").write_text("a file where a folder is expected")
-    return root, run_cli(*fit_args("data"), cwd=root)
+    fitted = run_cli(*fit_args("data"), cwd=root)
+    last = (only_run_dir(root) / "checkpoints" / "last.ckpt").read_bytes()
+    (root / "truncated.ckpt").write_bytes(last[: len(last) // 2])  # as a full disk or a kill leaves a plain copy
+    flipped = bytearray(last)
+    flipped[len(last) // 2] ^= 0x10  # one bit of a weight, as a failing disk changes it: torch.load would not notice
+    (root / "flipped.ckpt").write_bytes(bytes(flipped))
+    return root, fitted
 
 
 def test_a_finished_fit_says_where_everything_went(finished):
@@ -102,6 +108,8 @@ BAD_INPUTS = [
     ("missing-checkpoint", ["--ckpt_path=nosuch.ckpt"], 2, "--ckpt_path nosuch.ckpt"),
     ("garbage-checkpoint", ["--ckpt_path=garbage.ckpt"], 1, "garbage.ckpt"),
     ("foreign-checkpoint", ["--ckpt_path=foreign.ckpt"], 1, "foreign.ckpt"),
+    ("truncated-checkpoint", ["--ckpt_path=truncated.ckpt"], 1, "truncated.ckpt is not a readable checkpoint"),
+    ("bit-flipped-checkpoint", ["--ckpt_path=flipped.ckpt"], 1, "fails its checksum"),
     ("missing-data-folder", ["--data.data_dir=nosuch", "--data.download=false"], 1, "data.data_dir"),
     ("damaged-archive", ["--data.data_dir=bad_data", "--trainer.logger.init_args.name=bad"], 1, "bad_data"),
     ("val-size-too-large", ["--data.val_size=100000", "--trainer.max_epochs=2"], 2, "data.val_size"),

@@ -25,12 +25,14 @@ from .files import Partial, remove_stale_partials
 
 
 class NonFiniteWeightsError(FloatingPointError):
-    """A checkpoint about to be written holds NaN or infinite weights: training has diverged."""
+    """A checkpoint about to be written holds NaN or infinite weights (or buffers): training has diverged."""
 
-    def __init__(self, target: Path, names: list[str], total: int) -> None:
-        self.target, self.names = target, names
+    def __init__(self, target: Path, names: list[str], total: int, step: int) -> None:
+        self.target, self.names, self.step = target, names, step
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        super().__init__(f"{len(names)} of {total} weight tensors are not finite ({shown}); {target} was not written")
+        super().__init__(
+            f"the model's state stopped being finite by step {step} ({len(names)} of {total} tensors: {shown})"
+        )
 
 
 def non_finite_weights(state_dict: dict[str, Any]) -> list[str]:
@@ -72,7 +74,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         state = checkpoint.get("state_dict", {})
         broken = non_finite_weights(state)
         if broken:
-            raise NonFiniteWeightsError(target, broken, len(state))
+            raise NonFiniteWeightsError(target, broken, len(state), int(checkpoint.get("global_step", 0)))
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(target.parent, "*.ckpt")  # only rank 0 writes checkpoints
         # About what the file will take: its tensors, or as much as the run's other checkpoints if more.

@@ -244,8 +244,12 @@ class TrainerCLI(LightningCLI):
             self.run.session.diverged = how_it_diverged(error, guard.first_step)
             print(fit_summary(self.trainer, self.run))
         CONSOLE.attach(self.run.directory, self.trainer.global_rank)
-        report = write_error_log(self.run.directory, error, line)
+        report, problem = write_error_log(self.run.directory, error, line)
         where = f"full report: {report}" if report is not None else "no report could be written"
+        if problem and report is not None:
+            where += f", cut short: {problem}"
+        elif problem:
+            where += f": {problem}"
         return FaultError(f"{line} ({where}; FULL_ERROR=1 prints the traceback here)")
 
 

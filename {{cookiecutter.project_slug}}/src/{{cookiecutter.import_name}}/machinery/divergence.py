@@ -51,6 +51,7 @@ class DivergenceGuard(L.Callback):
         self.first_step: int | None = None  # the step the current run of non-finite losses began at, once read
         self.nonfinite_steps = 0
         self.stepping = False  # inside the optimizer's update
+        self.ending = False  # an exception is ending training
         self._device: dict[str, Tensor] = {}
         self._unread = 0
 
@@ -79,7 +80,7 @@ class DivergenceGuard(L.Callback):
         }
         self._unread += 1
         if self._unread >= CHECK_EVERY_N_STEPS:
-            self.check(pl_module)
+            self.check(trainer, pl_module)
 
     def _read(self) -> None:
         if self._device:
@@ -87,22 +88,30 @@ class DivergenceGuard(L.Callback):
             self.first_step = first if first >= 0 else None
         self._unread = 0
 
-    def check(self, pl_module: L.LightningModule) -> None:
-        """Raise ``DivergedError`` if the weights are not finite, or the loss has not been for too many steps."""
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Raise ``DivergedError`` if the weights are not finite, or the loss has not been for too many steps.
+
+        Every rank checks at the same step and they agree (one all-reduce), so all of them stop together.
+        """
         self._read()
-        if not self.nonfinite_steps:
-            return
-        weights_finite = not non_finite_weights(pl_module.state_dict())
-        if not weights_finite or self.nonfinite_steps >= self.max_nonfinite_steps:
-            raise DivergedError(self.first_step, self.nonfinite_steps, weights_finite)
+        weights_finite = not self.nonfinite_steps or not non_finite_weights(pl_module.state_dict())
+        diverged = self.nonfinite_steps > 0 and (not weights_finite or self.nonfinite_steps >= self.max_nonfinite_steps)
+        if trainer.world_size > 1:
+            votes = torch.tensor([int(diverged), self.first_step or 0], device=trainer.strategy.root_device)
+            diverged, first = (int(value) for value in trainer.strategy.reduce(votes, reduce_op="max").tolist())
+            self.first_step = self.first_step or first or None
+        if diverged:
+            raise DivergedError(self.first_step or trainer.global_step, self.nonfinite_steps, weights_finite)
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self.check(pl_module)  # raised before a byte is written
+        if not self.ending:  # a save as an exception ends training was judged in on_exception (no collective there)
+            self.check(trainer, pl_module)  # raised before a byte is written
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # Lightning runs the checkpoint callbacks' on_exception after this one.
+        self.ending = True
         try:
             self._read()
         except RuntimeError:  # a device in a bad state: its counts cannot be trusted

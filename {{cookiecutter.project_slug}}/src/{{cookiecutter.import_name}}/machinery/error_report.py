@@ -89,10 +89,11 @@ def environment(run_dir: Path) -> list[str]:
     ]
 
 
-def write_error_log(run_dir: Path, error: BaseException, headline: str) -> Path | None:
-    """Append this rank's block (the one line, the traceback, the environment) to the run's error.log; its path.
+def write_error_log(run_dir: Path, error: BaseException, headline: str) -> tuple[Path | None, str]:
+    """Append this rank's block (the one line, the traceback, the environment) to the run's error.log.
 
-    None if it could not be written (a full disk, a folder gone): the one line must still be printed.
+    Returns the file (None if there is none) and, if it could not be written whole (a full disk), why:
+    the one line must still be printed.
     """
     parts = [f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {headline}", ""]
     parts += traceback.format_exception(error)
@@ -113,6 +114,6 @@ def write_error_log(run_dir: Path, error: BaseException, headline: str) -> Path 
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as file:
             file.write(text)
-    except OSError:
-        return None
-    return path
+    except OSError as failure:
+        return (path if path.is_file() else None), failure.strerror or str(failure)
+    return path, ""

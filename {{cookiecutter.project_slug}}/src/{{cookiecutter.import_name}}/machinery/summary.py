@@ -50,7 +50,9 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
     if metrics:
         lines.append("Final metrics: " + "  ".join(f"{name} {_number(value)}" for name, value in metrics.items()))
     if session.diverged:
-        lines.append(f"Diverged: {session.diverged}; the checkpoints above hold finite weights")
+        listed = any(line.startswith(("Best checkpoint", "Last checkpoint")) for line in lines)
+        kept = "the checkpoints above hold finite weights" if listed else "no checkpoint was written"
+        lines.append(f"Diverged: {session.diverged}; {kept}")
     if session.steps_taken == 0:
         lines.append(
             "Nothing left to train: the run had already reached trainer.max_epochs/max_steps; to extend it, "
