@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from {{ cookiecutter.import_name }}.machinery.console_log import CONSOLE
 from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, UsageError, exit_with
 from {{ cookiecutter.import_name }}.machinery.noise import silence_known_noise
 
@@ -75,4 +76,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    CONSOLE.start()  # each trial's run keeps what it printed in its logs/console.log
     sys.exit(main())
