@@ -38,7 +38,9 @@ def test_a_complete_cache_is_reused_not_rebuilt(data_dir, monkeypatch):
     prepare(data_dir, DATASET, download=False, verify_checksum=False)
 
 
-@pytest.mark.parametrize("damage", ["no marker", "other archive", "old format", "missing array"])
+@pytest.mark.parametrize(
+    "damage", ["no marker", "other archive", "old format", "missing array", "truncated array", "bytes overwritten"]
+)
 def test_an_incomplete_or_stale_cache_is_rebuilt(data_dir, damage):
     cache = prepare(data_dir, DATASET, download=False, verify_checksum=False)
     marker = cache.root / "meta.json"
@@ -47,6 +49,12 @@ def test_an_incomplete_or_stale_cache_is_rebuilt(data_dir, damage):
         marker.unlink()
     elif damage == "missing array":
         cache.split("test").images.unlink()
+    elif damage in ("truncated array", "bytes overwritten"):  # a full disk, a crash, a stray write since packing
+        images = cache.split("test").images
+        whole = bytearray(images.read_bytes())
+        whole[-4:] = bytes(255 - value for value in whole[-4:])
+        images.write_bytes(whole[:-1000] if damage == "truncated array" else bytes(whole))
+        assert archive.load_cache(data_dir, DATASET) is None and archive.cache_damage(data_dir, DATASET)
     else:
         meta["archive_md5" if damage == "other archive" else "format_version"] = "stale"
         marker.write_text(json.dumps(meta))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import signal
+import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,6 +14,7 @@ import torch
 from jsonargparse import Namespace
 
 from {{ cookiecutter.import_name }}.machinery.checkpoint_io import AtomicCheckpointIO
+from {{ cookiecutter.import_name }}.machinery.console_log import ConsoleLog
 from {{ cookiecutter.import_name }}.machinery.divergence import DivergenceGuard
 from {{ cookiecutter.import_name }}.machinery.ending import exit_status, stopped_message
 from {{ cookiecutter.import_name }}.machinery.errors import UsageError
@@ -85,3 +89,32 @@ def test_the_stop_line_names_the_checkpoint_it_wrote_or_says_none_was(tmp_path):
     assert torch.load(last, weights_only=True)["global_step"] == 63
     assert stopped(tmp_path, writer, None).startswith("Stopped by an error at step 63; ")
     assert [exit_status(number) for number in (signal.SIGINT, signal.SIGTERM)] == [130, 143]
+
+
+def test_the_console_log_holds_lines_until_the_run_is_worth_recording_and_keeps_a_redrawn_line_once(
+    tmp_path, monkeypatch
+):
+    screen, errors = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", errors)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)  # start() installs its own
+    console = ConsoleLog()
+    console.start()
+    print("before the first step")
+    sys.stderr.write("\rEpoch 0:  10%")
+    sys.stderr.write("\rEpoch 0: 100%\n")  # a progress bar: the file keeps its last state
+    path = console.attach(tmp_path / "run", rank=0)
+    print("after")
+    console.detach()
+    lines = [line.split(" ", 2)[2] for line in path.read_text().splitlines()]  # without the time stamp
+    assert lines[0].startswith("---- ") and lines[1:] == ["before the first step", "Epoch 0: 100%", "after"]
+    assert screen.getvalue() == "before the first step\nafter\n"  # the screen gets every byte, as printed
+    assert errors.getvalue() == "\rEpoch 0:  10%\rEpoch 0: 100%\n"
+
+    print("a refused start")
+    console.discard()  # nothing of a command refused before training reaches the disk
+    console.attach(tmp_path / "other", rank=1)
+    assert not (tmp_path / "other").exists()  # another rank's file only once it prints
+    print("a warning of rank 1")
+    console.detach()
+    assert (tmp_path / "other" / "logs" / "console-rank1.log").read_text().endswith(" a warning of rank 1\n")

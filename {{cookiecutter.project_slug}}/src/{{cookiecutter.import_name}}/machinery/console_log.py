@@ -50,11 +50,12 @@ class _Tee(io.TextIOBase):
     @override
     def write(self, text: str) -> int:
         written = self.stream.write(text)
-        self.pending += text
-        if "\n" in self.pending:
-            *lines, self.pending = self.pending.split("\n")
-            for line in lines:
-                self.sink.record(line.rsplit("\r", 1)[-1])  # a redrawn line: its last state
+        if "\n" not in text:  # a progress bar redrawing its line: keep only its latest state
+            self.pending = (self.pending + text).rstrip("\r").rsplit("\r", 1)[-1]
+            return written
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.sink.record(line.rstrip("\r").rsplit("\r", 1)[-1])  # a redrawn line: its last state
         return written
 
     @override
