@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from {{ cookiecutter.import_name }}.callbacks import GradientHistograms, GradScaleWatchdog
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
+from {{ cookiecutter.import_name }}.machinery.divergence import DivergenceGuard
 
 from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, write_tiny_archive
 
@@ -74,6 +75,8 @@ class Window(L.Callback):
                     callback.check_every_n_steps = self.every_n_steps
             if isinstance(callback, GradientHistograms) and self.every_n_steps:
                 callback.every_n_steps = self.every_n_steps
+            if isinstance(callback, DivergenceGuard) and self.every_n_steps:  # it reads its counts every N steps
+                callback.check_every_n_steps = self.every_n_steps
             if isinstance(callback, ModelCheckpoint) and callback.monitor and self.every_n_steps:
                 callback.save_top_k = -1  # a save at every validation, not only when val/top1 happens to improve
 

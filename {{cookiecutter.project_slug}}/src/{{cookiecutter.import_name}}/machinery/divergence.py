@@ -48,6 +48,7 @@ class DivergenceGuard(L.Callback):
 
     def __init__(self, max_nonfinite_steps: int = 25) -> None:
         self.max_nonfinite_steps = max_nonfinite_steps
+        self.check_every_n_steps = CHECK_EVERY_N_STEPS
         self.first_step: int | None = None  # the step the current run of non-finite losses began at, once read
         self.nonfinite_steps = 0
         self.stepping = False  # inside the optimizer's update
@@ -79,7 +80,7 @@ class DivergenceGuard(L.Callback):
             "first": torch.where(bad, torch.where(first < 0, step, first), torch.full_like(first, -1)),
         }
         self._unread += 1
-        if self._unread >= CHECK_EVERY_N_STEPS:
+        if self._unread >= self.check_every_n_steps:
             self.check(trainer, pl_module)
 
     def _read(self) -> None:
