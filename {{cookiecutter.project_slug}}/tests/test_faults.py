@@ -74,7 +74,7 @@ def one_error_line(result: subprocess.CompletedProcess, code: int = 1) -> str:
 def assert_reported(root: Path, run_dir: Path, line: str, error_type: str) -> None:
     """The line ends with the run's error.log, which holds the traceback and the machine; console.log the line."""
     report = run_dir / "logs" / "error.log"
-    assert f"(full report: {report}" in line, line
+    assert line.endswith(f"; full report: {report})"), line  # the line ends with where the details are
     text = (root / report).read_text()
     assert "Traceback (most recent call last)" in text and error_type in text
     for fact in ("---- environment", "command: ", "torch ", "lightning ", "disk: ", "host memory: "):

@@ -250,7 +250,7 @@ class TrainerCLI(LightningCLI):
             where += f", cut short: {problem}"
         elif problem:
             where += f": {problem}"
-        return FaultError(f"{line} ({where}; FULL_ERROR=1 prints the traceback here)")
+        return FaultError(f"{line} (FULL_ERROR=1 prints the traceback here; {where})")
 
 
 def is_a_decision(error: BaseException) -> bool:
