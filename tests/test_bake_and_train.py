@@ -16,8 +16,9 @@ pytestmark = pytest.mark.slow
 
 # The default render runs its suite's quick tier (every module at least once, the CLI through real
 # processes, one export registered and served) and the slow tests marked every_render: the mistakes
-# table, the faults (a full disk on a tmpfs, OOM, a killed worker, divergence), two-process DDP, a signal mid-epoch resumed exactly (on the archive and on a folder of images),
-# the Kubeflow job's command as two nodes and the Dockerfile's commands. The other slow tests (the
+# table, the faults (a full disk on a tmpfs, OOM, a killed worker, divergence), two-process DDP, a
+# signal mid-epoch resumed exactly (on the archive and on a folder of images), the Kubeflow job's
+# command as two nodes and the Dockerfile's commands. The other slow tests (the
 # kill-and-resume matrix, sweeps, trackers, the fast recipe) run in the rendered project's own CI
 # workflow and with `pytest -m slow`: here they would take CI past its time. The tests train a small
 # FastCNN whatever the answers (the CLI is under test); each render's own configured network is trained
