@@ -108,13 +108,11 @@ def open_packed(folder: Path) -> PackedImages | None:
     if meta.get("format_version") != PACK_FORMAT_VERSION:
         return None
     packed = PackedImages(folder, meta)
-    for name, recorded in meta.get("file_sizes", {}).items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != recorded:
-            return None
-    damaged = damage(folder, meta.get("files", {}))
+    # Sizes and checksums of every file; a copy of an earlier release recorded the arrays' sizes only.
+    records = meta.get("files") or {name: {"bytes": size} for name, size in meta.get("file_sizes", {}).items()}
+    damaged = damage(folder, records)
     if damaged is not None:
-        rank_zero_info(f"Data: the packed copy {folder} is damaged ({damaged}); packing the images again")
+        rank_zero_info(f"Data: the packed copy {folder} is damaged ({damaged}); it is not used (packing makes it anew)")
         return None
     return packed
 
