@@ -6,18 +6,23 @@ handlers that write to them) but held in memory until the session has taken its 
 step, or ends in a fault: a mistake refused before training leaves the disk as it was. Rank 0
 writes ``console.log``; other ranks write ``console-rank<N>.log``, only if they print anything.
 
-A progress bar redraws its line with carriage returns: the file keeps the line's last state. The
-file is a copy: if it cannot be written (a full disk), the screen still gets every line, and the
-run goes on. A background thread that fails (TensorBoard's event writer on a full disk) gets one
-line on the screen; its traceback goes to the file only.
+A progress bar redraws its line with carriage returns: the file keeps the line's last state. On a
+terminal, a live display (Lightning's rich progress bar) redraws its last lines by moving the cursor
+up: the file drops the lines it redrew (the last few lines wait in memory for that, and are written
+when the command ends), and terminal control codes are left out. The file is a copy: if it cannot
+be written (a full disk), the screen still gets every line, and the run goes on. A background
+thread that fails (TensorBoard's event writer on a full disk) gets one line on the screen; its
+traceback goes to the file only.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -28,6 +33,9 @@ from typing import TextIO
 from typing_extensions import override
 
 LOGS = "logs"
+CURSOR_UP = re.compile(r"\x1b\[(\d*)A")
+CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")  # CSI sequences, OSC titles and links
+REDRAWN_LINES = 12  # on a terminal: lines a live display may still move up to and redraw
 
 
 def logs_dir(run_dir: Path) -> Path:
@@ -87,6 +95,8 @@ class ConsoleLog:
         self.file: TextIO | None = None
         self.path: Path | None = None
         self.failed: str | None = None  # why the file could not be written, if it could not
+        self.tail: list[str] = []  # the last lines, while a live display may still redraw them (terminals only)
+        self.redrawn = 0
         self._streams: tuple[TextIO, TextIO] | None = None
 
     def start(self) -> None:
@@ -94,6 +104,8 @@ class ConsoleLog:
         if self._streams is not None:
             return
         self._streams = (sys.stdout, sys.stderr)
+        self.redrawn = REDRAWN_LINES if any(stream.isatty() for stream in self._streams) else 0
+        atexit.register(self.close)
         tees = {id(stream): _Tee(stream, self) for stream in self._streams}
         sys.stdout, sys.stderr = tees[id(self._streams[0])], tees[id(self._streams[1])]
         # Lightning's handler (and any other made at import) holds the stream it was given then.
@@ -117,7 +129,15 @@ class ConsoleLog:
         self._streams[1].write(warning + "\n")
 
     def record(self, line: str) -> None:
-        stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n"
+        """Keep one printed line (without its terminal codes); a line that moves the cursor up replaces lines."""
+        up = sum(int(count or 1) for count in CURSOR_UP.findall(line))
+        if up:
+            del self.tail[max(len(self.tail) - up, 0) :]
+        self.tail.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {CONTROL.sub('', line)}\n")
+        while len(self.tail) > self.redrawn:
+            self._keep(self.tail.pop(0))
+
+    def _keep(self, stamped: str) -> None:
         if self.path is None:
             self.held.append(stamped)
         elif self._open():
@@ -161,18 +181,25 @@ class ConsoleLog:
             self.file.flush()
         except OSError as error:  # a full disk: the screen still has it; the run goes on
             self.failed = f"{self.path}: {error.strerror}"
-            self.close()
+            self._close_file()
 
     def discard(self) -> None:
         """Forget what was held: the session left nothing worth recording (a refused start)."""
-        self.held = []
+        self.held, self.tail = [], []
 
     def detach(self) -> None:
         """End this run's copy (the next command in this process, a sweep's next trial, starts its own)."""
         self.close()
-        self.path, self.failed, self.held = None, None, []
+        self.path, self.failed, self.held, self.tail = None, None, [], []
 
     def close(self) -> None:
+        """Write the lines no display can redraw any more, and close the file."""
+        tail, self.tail = self.tail, []
+        for line in tail:
+            self._keep(line)
+        self._close_file()
+
+    def _close_file(self) -> None:
         if self.file is not None:
             with contextlib.suppress(OSError):  # the last lines could not be flushed: the screen has them
                 self.file.close()
