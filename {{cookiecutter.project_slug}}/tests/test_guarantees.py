@@ -14,7 +14,7 @@ import torch
 from jsonargparse import Namespace
 
 from {{ cookiecutter.import_name }}.machinery.checkpoint_io import AtomicCheckpointIO
-from {{ cookiecutter.import_name }}.machinery.console_log import ConsoleLog
+from {{ cookiecutter.import_name }}.machinery.console_log import REDRAWN_LINES, ConsoleLog
 from {{ cookiecutter.import_name }}.machinery.divergence import DivergenceGuard
 from {{ cookiecutter.import_name }}.machinery.ending import exit_status, stopped_message
 from {{ cookiecutter.import_name }}.machinery.errors import UsageError
@@ -118,3 +118,20 @@ def test_the_console_log_holds_lines_until_the_run_is_worth_recording_and_keeps_
     print("a warning of rank 1")
     console.detach()
     assert (tmp_path / "other" / "logs" / "console-rank1.log").read_text().endswith(" a warning of rank 1\n")
+
+
+def test_on_a_terminal_the_console_log_keeps_what_a_live_display_shows_last_without_its_codes(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    console = ConsoleLog()
+    console.start()
+    console.redrawn = REDRAWN_LINES  # as on a terminal (a StringIO is not one)
+    path = console.attach(tmp_path / "run", rank=0)
+    print("Epoch 0/1 \x1b[35m━━━━\x1b[0m 1/5")
+    print("   val/top1: 0.1")
+    print("\x1b[2K\x1b[1A\x1b[2K\x1b[1A\x1b[2KEpoch 0/1 \x1b[35m━━━━━━━━\x1b[0m 5/5")  # rich redraws its block
+    print("   val/top1: 0.4")
+    print("Run: runs/x")
+    console.detach()
+    lines = [line.split(" ", 2)[2] for line in path.read_text().splitlines()[1:]]
+    assert lines == ["Epoch 0/1 ━━━━━━━━ 5/5", "   val/top1: 0.4", "Run: runs/x"]
