@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -158,6 +159,26 @@ def images_args(image_dir: Path | str, *extra: str) -> list[str]:
         "--trainer.enable_model_summary=false",
         *extra,
     ]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with the SHA-256 of its bytes, and every folder (an empty one is a leftover too).
+
+    A data folder's lock file (``.<dataset>.lock``) is left out: any use of the folder makes it, and
+    removing a lock file others may hold would break the lock. A run's ``run.lock`` is kept.
+    """
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "folder"
+        for path in sorted(root.rglob("*"))
+        if not (path.is_file() and path.name.startswith(".") and path.name.endswith(".lock"))
+    }
+
+
+def trained_folder(root: Path) -> Path:
+    """``root`` with a tiny archive in ``data/`` and one finished 1-epoch run (10 steps) of the default config."""
+    write_tiny_archive(root / "data")
+    run_cli(*fit_args("data"), cwd=root)
+    return root
 
 
 def default_config() -> Path:

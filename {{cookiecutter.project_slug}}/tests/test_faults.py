@@ -24,7 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import DATASET, PROJECT_ROOT, cli_env, fit_args, only_run_dir, run_cli, write_tiny_archive
+from .conftest import (
+    DATASET,
+    PROJECT_ROOT,
+    cli_env,
+    fit_args,
+    only_run_dir,
+    run_cli,
+    trained_folder,
+    tree,
+    write_tiny_archive,
+)
 
 pytestmark = [
     pytest.mark.slow,  # a dozen real training processes
@@ -36,10 +46,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A folder with data and one finished 1-epoch run (10 steps): the state faults must not damage."""
-    root = tmp_path_factory.mktemp("trained")
-    write_tiny_archive(root / "data")
-    run_cli(*fit_args("data"), cwd=root)
-    return root
+    return trained_folder(tmp_path_factory.mktemp("trained"))
 
 
 @pytest.fixture
@@ -51,15 +58,6 @@ def work(trained, tmp_path) -> Path:
 
 def checkpoints(run_dir: Path) -> dict[str, str]:
     return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in (run_dir / "checkpoints").iterdir()}
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every file with its SHA-256, every folder (lock files, which any use of a folder makes, left out)."""
-    return {
-        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "folder"
-        for path in sorted(root.rglob("*"))
-        if not path.name.endswith(".lock")
-    }
 
 
 def one_error_line(result: subprocess.CompletedProcess, code: int = 1) -> str:

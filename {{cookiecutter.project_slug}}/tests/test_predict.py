@@ -9,17 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from .conftest import DATASET, FAST_ARGS, NUM_TEST, default_config, fit_args, only_run_dir, run_cli, write_tiny_archive
+from .conftest import DATASET, FAST_ARGS, NUM_TEST, default_config, only_run_dir, run_cli, trained_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning")
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("predict")
-    write_tiny_archive(root / "data")
-    run_cli(*fit_args("data"), cwd=root)
-    return root
+    return trained_folder(tmp_path_factory.mktemp("predict"))
 
 
 def predict(root: Path, *extra: str, check: bool = True):

@@ -6,7 +6,6 @@ and leaves every file under the working folder byte for byte as it was.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import socket
@@ -32,6 +31,7 @@ from .conftest import (
 {%- endif %}
     only_run_dir,
     run_cli,
+    tree,
 {%- if cookiecutter.dataset == "images" %}
     write_image_folder,
 {%- endif %}
@@ -42,19 +42,6 @@ pytestmark = [
     pytest.mark.slow,  # some forty real training and refused processes, the same for every answer
     pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning"),
 ]
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every file under ``root`` with the SHA-256 of its bytes, and every folder (an empty one is a leftover too).
-
-    A data folder's lock file (``.<dataset>.lock``) is left out: any use of the folder makes it, and
-    removing a lock file others may hold would break the lock. A run's ``run.lock`` is kept.
-    """
-    return {
-        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "folder"
-        for path in sorted(root.rglob("*"))
-        if not (path.is_file() and path.name.startswith(".") and path.name.endswith(".lock"))
-    }
 
 
 @pytest.fixture(scope="module")
