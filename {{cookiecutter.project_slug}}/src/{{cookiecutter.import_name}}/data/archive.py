@@ -100,22 +100,25 @@ def ensure_archive(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_c
     return path, md5
 
 
+def _marker(root: Path) -> dict | None:
+    try:
+        return json.loads((root / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def cache_damage(data_dir: Path, fmt: CifarFormat) -> str | None:
     """What is wrong with a converted cache whose arrays changed since conversion; None if whole (or absent)."""
     root = cache_dir(data_dir, fmt)
-    try:
-        meta = json.loads((root / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return damage(root, meta.get("files", {}))
+    meta = _marker(root)
+    return damage(root, meta.get("files", {})) if meta is not None else None
 
 
 def load_cache(data_dir: Path, fmt: CifarFormat, archive_md5: str | None = None) -> Cache | None:
     """Return the converted cache if it is complete and whole (and made from ``archive_md5``, if given)."""
     root = cache_dir(data_dir, fmt)
-    try:
-        meta = json.loads((root / MARKER).read_text())
-    except (OSError, ValueError):
+    meta = _marker(root)
+    if meta is None:
         return None
     if meta.get("format_version") != CACHE_FORMAT_VERSION or meta.get("dataset") != fmt.name:
         return None

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from ..data.errors import DataError, DataSettingError
 from ..data.image_files import BadImageError, Resize, decode_image, resize_array
 from ..data.image_sources import LabelledImages, read_array_images
-from .files import NoSpaceError, Partial, damage, file_record, is_full_disk, remove_stale_partials, writable
+from .files import NoSpaceError, Partial, damage, file_record, remove_stale_partials, writable
 
 PACK_FORMAT_VERSION = 1
 MARKER = "meta.json"
@@ -265,22 +265,17 @@ def pack(
             )
             return packed
         remove_stale_partials(folder.parent, f"*.{folder.name}")
-        total = found.count()
-        _check_space(folder.parent, total * 3 * settings.image_size**2)
+        needed = found.count() * 3 * settings.image_size**2
+        _check_space(folder.parent, needed)
         workers = workers or default_workers()
         start = time.perf_counter()
         try:
-            with Partial(folder) as partial:
+            with Partial(folder, needed=needed) as partial:  # a full disk on the way out is NoSpaceError
                 partial.mkdir()
                 meta = _pack_into(partial, found, settings, workers, on_bad_image == "error")
                 (partial / MARKER).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
-        except (OSError, NoSpaceError) as error:
-            if not is_full_disk(error, folder.parent):
-                raise
-            free = shutil.disk_usage(folder.parent).free
-            raise NoSpaceError(
-                folder, total * 3 * settings.image_size**2, free, "point data.cache_dir elsewhere"
-            ) from error
+        except NoSpaceError as error:  # the same, saying where else the copy may go
+            raise NoSpaceError(folder, needed, error.free, "point data.cache_dir elsewhere") from error
         seconds = time.perf_counter() - start
     packed = PackedImages(folder, meta)
     kept = sum(meta["counts"].values())
