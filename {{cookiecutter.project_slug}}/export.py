@@ -16,7 +16,7 @@ import sys
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
-from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, exit_with
+from {{ cookiecutter.import_name }}.foundation.errors import OneLineArgumentParser, exit_with
 from {{ cookiecutter.import_name }}.machinery.export.artifacts import FORMATS, ExportOptions, export_artifacts
 from {{ cookiecutter.import_name }}.machinery.export.errors import ExportError
 from {{ cookiecutter.import_name }}.machinery.export.model_card import int8_change, table

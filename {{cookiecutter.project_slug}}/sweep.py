@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from {{ cookiecutter.import_name }}.foundation.errors import OneLineArgumentParser, UsageError, exit_with
 from {{ cookiecutter.import_name }}.machinery.console_log import CONSOLE
-from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, UsageError, exit_with
 from {{ cookiecutter.import_name }}.machinery.noise import silence_known_noise
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "{{ cookiecutter.dataset }}.yaml"

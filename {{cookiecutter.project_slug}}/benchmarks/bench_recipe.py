@@ -55,8 +55,8 @@ import torch
 
 from {{ cookiecutter.import_name }}.data.archive import prepare
 from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+from {{ cookiecutter.import_name }}.foundation.errors import OneLineArgumentParser, exit_with
 from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
-from {{ cookiecutter.import_name }}.machinery.errors import OneLineArgumentParser, exit_with
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"

@@ -13,11 +13,11 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
+from {{ cookiecutter.import_name }}.foundation.errors import UsageError
 from {{ cookiecutter.import_name }}.machinery.checkpoint_io import AtomicCheckpointIO
 from {{ cookiecutter.import_name }}.machinery.console_log import REDRAWN_LINES, ConsoleLog
 from {{ cookiecutter.import_name }}.machinery.divergence import DivergenceGuard
 from {{ cookiecutter.import_name }}.machinery.ending import exit_status, stopped_message
-from {{ cookiecutter.import_name }}.machinery.errors import UsageError
 from {{ cookiecutter.import_name }}.machinery.guarantees import LastCheckpoint, Safety, check_user_parts
 from {{ cookiecutter.import_name }}.machinery.random_state import RandomState
 from {{ cookiecutter.import_name }}.machinery.stop_on_signal import StopOnSignal

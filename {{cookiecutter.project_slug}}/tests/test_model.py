@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from {{ cookiecutter.import_name }}.callbacks import WhiteningFit
 from {{ cookiecutter.import_name }}.data import CifarDataModule, TrainingImages
-from {{ cookiecutter.import_name }}.machinery.errors import UsageError
+from {{ cookiecutter.import_name }}.foundation.errors import UsageError
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import (
     AirBench,

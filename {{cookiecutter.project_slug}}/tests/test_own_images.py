@@ -15,20 +15,19 @@ import torch
 import torchvision
 from PIL import Image
 
-from {{ cookiecutter.import_name }}.data import ImageFolderDataModule
+from {{ cookiecutter.import_name }}.data import ImageFolderDataModule, packing
 from {{ cookiecutter.import_name }}.data.augment import random_resized_crop
 from {{ cookiecutter.import_name }}.data.errors import DataError, DataSettingError
 from {{ cookiecutter.import_name }}.data.folder import stratified_split
 from {{ cookiecutter.import_name }}.data.image_files import BadImageError, decode_image
 from {{ cookiecutter.import_name }}.data.image_sources import find_images
-from {{ cookiecutter.import_name }}.machinery import packing
-from {{ cookiecutter.import_name }}.machinery.files import NoSpaceError
-from {{ cookiecutter.import_name }}.machinery.packing import (
+from {{ cookiecutter.import_name }}.data.packing import (
     PackSettings,
     open_packed,
     pack,
     packed_folder,
 )
+from {{ cookiecutter.import_name }}.foundation.files import NoSpaceError
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import (
     AirBench,

@@ -23,7 +23,7 @@ def test_the_trainer_has_the_sigterm_flag_and_the_logged_step_counter():
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
     assert trainer._signal_connector.received_sigterm is False  # StopOnSignal sets it
     assert trainer.received_sigterm is False  # ... and Lightning's loops read it here
-    assert trainer.fit_loop.epoch_loop._batches_that_stepped == 0  # callbacks/tensorboard.metrics_step
+    assert trainer.fit_loop.epoch_loop._batches_that_stepped == 0  # foundation/logging_steps.metrics_step
 
 
 def test_lightning_cli_still_parses_the_checkpoint_between_parsing_and_building():

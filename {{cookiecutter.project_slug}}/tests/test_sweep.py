@@ -19,7 +19,7 @@ import yaml
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from {{ cookiecutter.import_name }}.machinery.errors import UsageError
+from {{ cookiecutter.import_name }}.foundation.errors import UsageError
 from {{ cookiecutter.import_name }}.machinery.sweeps.space import SweepSpec
 from {{ cookiecutter.import_name }}.machinery.sweeps.study import without_password
 

@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt
 from torchmetrics.classification import MulticlassConfusionMatrix
 from typing_extensions import override
 
-from .tensorboard import metrics_step, tensorboard_writers
+from ..foundation.logging_steps import metrics_step
+from .tensorboard import tensorboard_writers
 
 # Drawn this wide (px), it shows at TensorBoard's default card size without being scaled down.
 FIGURE_PIXELS = 400

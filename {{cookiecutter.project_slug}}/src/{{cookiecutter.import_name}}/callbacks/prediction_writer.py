@@ -14,7 +14,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ..data.interfaces import PredictionNames
-from ..machinery.files import Partial
+from ..foundation.files import Partial
 
 
 class PredictionWriter(BasePredictionWriter):

@@ -11,7 +11,7 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from .tensorboard import at_logging_step, metrics_step
+from ..foundation.logging_steps import at_logging_step, metrics_step
 
 # What Throughput computes that is logged: per device, and over all devices under DDP.
 RATES = ("device/samples_per_sec", "device/batches_per_sec", "samples_per_sec", "batches_per_sec")

@@ -1,17 +1,15 @@
 """Get the official archive, check it, and convert it once into memory-mappable arrays.
 
-The cache is built in a temporary folder beside its final place and renamed into place
-only when complete, with ``meta.json`` (the completion marker) inside. A cache whose
-marker is missing, from another format version, or from another archive is rebuilt,
-never trusted, so a killed conversion can never be read back as data. The marker records each
-array's size and checksum: a copy truncated or altered since (a full disk, a crash, a stray write)
-is rebuilt from the archive before any run reads it, or refused in one line when the archive is gone.
+The cache is a converted copy (``foundation/converted_copy.py``): built beside its final place,
+renamed into place only when complete, one converter at a time. A cache whose marker is missing,
+from another format version, or from another archive is rebuilt, never trusted, so a killed
+conversion can never be read back as data; one whose arrays changed since (a full disk, a crash, a
+stray write) is rebuilt from the archive before any run reads it, or refused in one line when the
+archive is gone.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import tarfile
 import urllib.error
@@ -23,14 +21,14 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from torchvision.datasets.utils import calculate_md5, download_url
 
-from ..machinery.files import NewFolders, Partial, damage, file_record, remove_stale_partials, writable
+from ..foundation.converted_copy import ConvertedCopy
+from ..foundation.files import NewFolders, Partial, writable
 from .cifar_format import IMAGE_SHAPE, ROW_LENGTH, CifarFormat, read_batch
 from .errors import DataError
 
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 1
-MARKER = "meta.json"
 SPLITS = ("train", "test")
 REPACK = "delete it and run again to download the official archive, or repack your data in the CIFAR format"
 
@@ -61,6 +59,11 @@ def archive_path(data_dir: Path, fmt: CifarFormat) -> Path:
 
 def cache_dir(data_dir: Path, fmt: CifarFormat) -> Path:
     return Path(data_dir) / f"{fmt.name}-uint8"
+
+
+def converted_copy(data_dir: Path, fmt: CifarFormat) -> ConvertedCopy:
+    """The cache as a converted copy; its lock (``.<dataset>.lock``) also guards the archive's download."""
+    return ConvertedCopy(cache_dir(data_dir, fmt), lock_name=fmt.name)
 
 
 def _missing_archive_message(path: Path, fmt: CifarFormat, reason: str) -> str:
@@ -100,34 +103,25 @@ def ensure_archive(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_c
     return path, md5
 
 
-def _marker(root: Path) -> dict | None:
-    try:
-        return json.loads((root / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def cache_damage(data_dir: Path, fmt: CifarFormat) -> str | None:
     """What is wrong with a converted cache whose arrays changed since conversion; None if whole (or absent)."""
-    root = cache_dir(data_dir, fmt)
-    meta = _marker(root)
-    return damage(root, meta.get("files", {})) if meta is not None else None
+    copy = converted_copy(data_dir, fmt)
+    meta = copy.marker()
+    return copy.damage(meta) if meta is not None else None
 
 
 def load_cache(data_dir: Path, fmt: CifarFormat, archive_md5: str | None = None) -> Cache | None:
     """Return the converted cache if it is complete and whole (and made from ``archive_md5``, if given)."""
-    root = cache_dir(data_dir, fmt)
-    meta = _marker(root)
+    copy = converted_copy(data_dir, fmt)
+    meta = copy.whole()
     if meta is None:
         return None
     if meta.get("format_version") != CACHE_FORMAT_VERSION or meta.get("dataset") != fmt.name:
         return None
     if archive_md5 is not None and meta.get("archive_md5") != archive_md5:
         return None
-    cache = Cache(root, tuple(meta["class_names"]), meta["archive_md5"])
+    cache = Cache(copy.folder, tuple(meta["class_names"]), meta["archive_md5"])
     if not all(path.is_file() for split in SPLITS for path in vars(cache.split(split)).values()):
-        return None
-    if damage(root, meta.get("files", {})) is not None:  # caches of earlier releases recorded no files
         return None
     return cache
 
@@ -193,9 +187,9 @@ def _open_tar(archive: Path) -> tarfile.TarFile:
 
 def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarFormat) -> Cache:
     """Convert the archive's batches into ``.npy`` arrays, atomically replacing any old cache."""
-    final = cache_dir(data_dir, fmt)
-    with Partial(final) as partial:
-        partial.mkdir(parents=True)
+    copy = converted_copy(data_dir, fmt)
+
+    def write(partial: Path) -> dict:
         with _open_tar(archive) as tar:
             meta = _read_member(tar, archive, fmt.member(fmt.meta_file))
             class_names = tuple(str(name) for name in meta.get(fmt.names_key, ()))
@@ -207,17 +201,17 @@ def convert_archive(archive: Path, archive_md5: str, data_dir: Path, fmt: CifarF
                 np.save(partial / f"{split}_images.npy", images)
                 np.save(partial / f"{split}_labels.npy", labels)
                 counts[split] = len(labels)
-        marker = {
+        return {
             "format_version": CACHE_FORMAT_VERSION,
             "dataset": fmt.name,
             "archive_md5": archive_md5,
             "class_names": list(class_names),
             "counts": counts,
         }
-        marker["files"] = {path.name: file_record(path) for path in sorted(partial.glob("*.npy"))}
-        (partial / MARKER).write_text(json.dumps(marker, indent=2))
-    log.info("converted %s into %s (%s)", archive, final, counts)
-    return Cache(final, class_names, archive_md5)
+
+    marker = copy.build(write)
+    log.info("converted %s into %s (%s)", archive, copy.folder, marker["counts"])
+    return Cache(copy.folder, tuple(marker["class_names"]), archive_md5)
 
 
 def _read_only_message(data_dir: Path, fmt: CifarFormat) -> str:
@@ -280,12 +274,8 @@ def prepare(data_dir: Path, fmt: CifarFormat, *, download: bool = True, verify_c
 
 
 def _prepare_in(data_dir: Path, fmt: CifarFormat, *, download: bool, verify_checksum: bool) -> Cache:
-    with open(data_dir / f".{fmt.name}.lock", "w") as lock:
-        # One preparer at a time per data folder (two jobs, or several nodes on a shared disk);
-        # holding the lock also makes any partial file left in the folder a stale one.
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        for name in (fmt.archive_name, cache_dir(data_dir, fmt).name):  # this dataset's, under this lock
-            remove_stale_partials(data_dir, f"*.{name}")
+    # One preparer at a time per data folder and dataset: the download and the conversion.
+    with converted_copy(data_dir, fmt).making(fmt.archive_name):
         if not archive_path(data_dir, fmt).is_file():
             cache = load_cache(data_dir, fmt)
             if cache is not None:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..machinery.errors import check_choice
+from ..foundation.errors import check_choice
 
 FlipMode = Literal["random", "alternating", "none"]
 PaddingMode = Literal["zeros", "reflect"]

@@ -77,6 +77,11 @@ class CifarDataModule(ImageDataModule):
         )
 
     @override
+    def use_data_dir(self, folder: Path) -> None:
+        """Read the archive or its converted cache from ``folder`` (``export.py --data_dir``)."""
+        self.data_dir = Path(folder)
+
+    @override
     def prepare_data(self) -> None:
         if not self._predicting_own_images():  # your own images need no archive
             prepare(self.data_dir, self.format, download=self.download, verify_checksum=self.verify_checksum)

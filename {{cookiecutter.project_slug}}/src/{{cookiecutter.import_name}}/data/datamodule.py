@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info
@@ -20,12 +21,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from ..machinery.errors import check_choice
+from ..foundation.errors import check_choice
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
 from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, keep_batch
 from .errors import DataError, DataSettingError
 from .image_files import Resize, load_image_folder
+from .interfaces import HeldOutImages
 from .loader import FirstBatchStartLoader, TrainerEpochSampler
 
 Storage = Literal["auto", "device", "memmap"]
@@ -246,6 +248,31 @@ class ImageDataModule(L.LightningDataModule):
 
     def predict_name(self, index: int) -> str:
         return self.predict_names[index] if index < len(self.predict_names) else str(index)
+
+    def use_data_dir(self, folder: Path) -> None:
+        """Read the data from ``folder`` instead (``export.py --data_dir``); a subclass that reads a folder says how."""
+        raise DataSettingError(
+            f"--data_dir {folder}: {type(self).__name__} reads no folder that --data_dir could replace; "
+            "leave --data_dir out, or override use_data_dir in the DataModule"
+        )
+
+    def held_out_images(self) -> HeldOutImages:
+        """The test split, or the validation split where the data has no test split of its own; after setup()."""
+        if self.test_set is None:
+            raise DataError("held_out_images() needs setup() to have run")
+        images, labels = self.test_set.view()
+        split = "val" if self.test_set is self.val_set and not self.validates_on_test_set else "test"
+        names = [self.predict_name(index) for index in range(len(labels))]
+        source = str(self.test_set.paths[0].parent)
+        return HeldOutImages(split, images, labels, names, self.title, source)
+
+    def training_sample(self, count: int, seed: int = 0) -> np.ndarray:
+        """``count`` training images drawn without replacement by ``seed`` (all classes, not the first rows)."""
+        if self.train_set is None:
+            raise DataError("training_sample() needs setup() to have run")
+        count = min(count, len(self.train_set))
+        positions = np.sort(np.random.default_rng(seed).choice(len(self.train_set), size=count, replace=False))
+        return self.train_set.__getitems__(positions.tolist())[0].numpy()
 
     def train_images(self, count: int) -> Tensor:
         """The first ``count`` training images (uint8, on the CPU), in their fixed order: for fitting layers to data."""

@@ -18,6 +18,19 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 
+class Rows:
+    """Some rows of a memory-mapped array, read only when indexed (a held-out split inside the training file)."""
+
+    def __init__(self, array: np.ndarray, rows: np.ndarray) -> None:
+        self.array, self.rows = array, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: slice | np.ndarray) -> np.ndarray:
+        return self.array[self.rows[key]]
+
+
 class MemmapBatches(Dataset):
     """Images (N, 3, 32, 32) uint8 and labels (N,) int64, optionally restricted to ``indices``.
 
@@ -38,6 +51,13 @@ class MemmapBatches(Dataset):
         if self._arrays is None:
             self._arrays = tuple(np.load(path, mmap_mode="r") for path in self.paths)
         return self._arrays
+
+    def view(self) -> tuple[np.ndarray | Rows, np.ndarray]:
+        """The split's images, read only when indexed, and its labels: for reading a split outside a loader."""
+        images, labels = self.arrays
+        if self.indices is None:
+            return images, np.asarray(labels)
+        return Rows(images, self.indices), np.asarray(labels[self.indices])
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_arrays": None}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..machinery.errors import UsageError, UserError
+from ..foundation.errors import UsageError, UserError
 
 
 class DataError(UserError):

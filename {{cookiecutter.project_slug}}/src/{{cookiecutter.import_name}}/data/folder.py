@@ -1,9 +1,11 @@
 """Your own labelled images (class folders, split folders, a CSV list or arrays) on the same fast path as CIFAR.
 
 The first ``fit`` decodes every image once, at ``image_size`` by the ``resize`` rule, into a
-packed copy under ``cache_dir`` (``machinery/packing.py``); every later command reuses it until
+packed copy under ``cache_dir`` (``packing.py``); every later command reuses it until
 an image or a packing setting changes. Validation and test images are held out by a seeded
-split, stratified by class, unless the source gives its own ``val``/``test`` splits.
+split, stratified by class, unless the source gives its own ``val``/``test`` splits. A checkpoint
+records the packed copy and the rows held out, so a rebuilt DataModule (``export.py``) reads the
+images the run trained on, split as the run split them, even where the image folder is gone.
 """
 
 from __future__ import annotations
@@ -13,12 +15,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from ..machinery.errors import check_choice
-from ..machinery.files import writable
-from ..machinery.packing import (
+from ..foundation.errors import check_choice
+from ..foundation.files import writable
+from .datamodule import ImageDataModule
+from .dataset import MemmapBatches
+from .errors import DataError, DataSettingError
+from .image_files import Resize
+from .image_sources import LabelledImages, find_images
+from .packing import (
     IMBALANCE_RATIO,
     PackedImages,
     PackSettings,
@@ -30,11 +38,6 @@ from ..machinery.packing import (
     packed_folder,
     packed_read_only,
 )
-from .datamodule import ImageDataModule
-from .dataset import MemmapBatches
-from .errors import DataError, DataSettingError
-from .image_files import Resize
-from .image_sources import LabelledImages, find_images
 
 # ImageNet's statistics: close to those of most photo collections, and what pretrained weights expect.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -108,8 +111,8 @@ class ImageFolderDataModule(ImageDataModule):
             on_bad_image: What an unreadable, truncated or empty image does: skip (left out, listed beside the
                 packed copy) or error (the first one stops packing).
             pack_workers: Processes decoding images while packing; default: one per CPU core.
-            class_names: The classes, where image_dir is not at hand (predict on a folder with a checkpoint:
-                the CLI takes them from it); by default the class folders' names.
+            class_names: The classes, where image_dir is not at hand (predict on a folder, or export, with a
+                checkpoint: they are taken from it); by default the class folders' names.
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
         super().__init__(**kwargs)
@@ -135,10 +138,12 @@ class ImageFolderDataModule(ImageDataModule):
         self.title = f"images of {self.image_dir}"
         self.packed: PackedImages | None = None
         self.tests_on_validation_set = False
+        self.held_out_rows: dict[str, np.ndarray] = {}  # rows of the packed training images held out (val, test)
+        self.recorded_copy: Path | None = None  # the packed copy a checkpoint names (or export.py --data_dir)
         self.found: LabelledImages | None = None
-        if (
-            class_names and self.predict_dir is not None and not self.image_dir.exists()
-        ):  # predicting new images with a trained model: its classes are all that is needed
+        if class_names and not self.image_dir.exists():
+            # A trained model's data without its image folder (predict a new folder, export from the packed
+            # copy the checkpoint names): the classes are all the constructor needs.
             self.class_names = list(class_names)
             return
         self.found = labelled_images(self.image_dir)
@@ -172,9 +177,31 @@ class ImageFolderDataModule(ImageDataModule):
         return f"images:{manifest_digest(found, pack_settings)}"
 
     @override
+    def use_data_dir(self, folder: Path) -> None:
+        """Read the packed copy in ``folder`` (a folder under ``cache_dir``) instead of the one the run recorded."""
+        folder = Path(folder).expanduser()
+        if open_packed(folder) is None:
+            raise DataError(
+                f"{folder} holds no whole packed copy of images; pass a folder under data.cache_dir that fit packed"
+            )
+        self.recorded_copy = folder
+
+    def _recorded_packed(self) -> PackedImages | None:
+        """The packed copy the checkpoint (or ``use_data_dir``) names, if it is whole."""
+        return open_packed(self.recorded_copy) if self.recorded_copy is not None else None
+
+    @override
     def prepare_data(self) -> None:
-        if self._predicting_own_images():
+        if self._predicting_own_images() or self._recorded_packed() is not None:
             return
+        if self.found is None:
+            where = (
+                f"the packed copy {self.recorded_copy} is not whole either" if self.recorded_copy else "no packed copy"
+            )
+            raise DataError(
+                f"data.image_dir {self.image_dir} does not exist and {where}; point data.image_dir at the images, "
+                "or pass the packed copy (a folder under data.cache_dir)"
+            )
         packed = pack(
             self.found, self.settings, self.cache_dir, workers=self.pack_workers, on_bad_image=self.on_bad_image
         )
@@ -192,15 +219,22 @@ class ImageFolderDataModule(ImageDataModule):
         if stage == "predict" and self.predict_dir is not None:
             self.setup_own_predictions()
             return
-        packed = open_packed(packed_folder(self.cache_dir, self.found, self.settings))
+        packed = self._recorded_packed()
+        if packed is None and self.found is not None:
+            packed = open_packed(packed_folder(self.cache_dir, self.found, self.settings))
         if packed is None:
             raise DataError(f"no packed copy of {self.image_dir} in {self.cache_dir}; prepare_data() must run first")
+        if packed.class_names != self.class_names:
+            raise DataSettingError(
+                f"the packed copy {packed.root} has other classes than data.class_names ({packed.class_names[:3]}... "
+                f"vs {self.class_names[:3]}...); pass the packed copy of the images the model was trained on"
+            )
         self.packed = packed
         train_split = packed.split("train")
         labels = np.load(train_split.labels)
         given_val, given_test = "val" in packed.splits, "test" in packed.splits
-        fractions = (0.0 if given_val else self.val_fraction, 0.0 if given_test else self.test_fraction)
-        train_rows, val_rows, test_rows = stratified_split(labels, fractions, self.split_seed)
+        train_rows, val_rows, test_rows = self._split_rows(labels, given_val, given_test)
+        self.held_out_rows = {"val": val_rows, "test": test_rows}
         train = MemmapBatches(train_split.images, train_split.labels, train_rows, with_ids=True)
         val = (
             self._split(packed, "val") if given_val else MemmapBatches(train_split.images, train_split.labels, val_rows)
@@ -223,6 +257,19 @@ class ImageFolderDataModule(ImageDataModule):
         if stage in ("test", "predict") and self.tests_on_validation_set:
             rank_zero_info("Data: no test split (data.test_fraction is 0): test and predict read the validation images")
 
+    def _split_rows(self, labels: np.ndarray, given_val: bool, given_test: bool) -> tuple[np.ndarray, ...]:
+        """Rows of the packed training images to train on, validate on and test on.
+
+        As the checkpoint recorded them where one was restored (the split is never derived again for a
+        trained run), else by the seeded, stratified split.
+        """
+        if self.held_out_rows and self.recorded_copy is not None:
+            val_rows, test_rows = self.held_out_rows["val"], self.held_out_rows["test"]
+            train_rows = np.setdiff1d(np.arange(len(labels)), np.concatenate([val_rows, test_rows]))
+            return train_rows, val_rows, test_rows
+        fractions = (0.0 if given_val else self.val_fraction, 0.0 if given_test else self.test_fraction)
+        return stratified_split(labels, fractions, self.split_seed)
+
     @staticmethod
     def _split(packed: PackedImages, name: str) -> MemmapBatches:
         split = packed.split(name)
@@ -230,12 +277,22 @@ class ImageFolderDataModule(ImageDataModule):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Where the packed copy is and which split tests: what ``export.py`` reads from a checkpoint."""
+        """Which packed copy the run read, which split tests, and the rows held out of the training images."""
         if self.packed is None:
             return {}
         test_split = "val" if self.tests_on_validation_set else "test"
-        return {"packed_copy": str(self.packed.root), "test_split": test_split}
+        rows = {name: torch.from_numpy(np.asarray(value, dtype=np.int64)) for name, value in self.held_out_rows.items()}
+        return {"packed_copy": str(self.packed.root.resolve()), "test_split": test_split, "held_out_rows": rows}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Nothing to restore: the packed copy is found from the images themselves."""
+        """The recorded packed copy and split, read by a DataModule rebuilt from the checkpoint before its setup.
+
+        A resumed fit restores the state after its setup, from the same images split the same way (the
+        run's identity holds the manifest and the split settings), so nothing changes there.
+        """
+        if "packed_copy" in state_dict and self.recorded_copy is None:
+            self.recorded_copy = Path(state_dict["packed_copy"])
+        rows = state_dict.get("held_out_rows")
+        if rows is not None:  # checkpoints of earlier releases recorded no rows: the split is derived as they did
+            self.held_out_rows = {name: value.numpy() for name, value in rows.items()}

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 from torch import Tensor
 
 from .batches import BatchSizes
+from .dataset import Rows
 
 
 @runtime_checkable
@@ -62,3 +66,35 @@ class BatchPlan(Protocol):
     """A DataModule that says what one optimizer step takes (the fit summary and the HPARAMS tab show it)."""
 
     batches: BatchSizes | None  # after setup()
+
+
+@dataclass(frozen=True)
+class HeldOutImages:
+    """The images a trained model is judged on, as the run held them out."""
+
+    split: str  # "test", or "val" where the data has no test split
+    images: np.ndarray | Rows  # uint8 (N, 3, S, S), read when indexed
+    labels: np.ndarray  # int64 (N,)
+    names: list[str]  # what each image is: a file's path inside its folder, or a row of the split
+    dataset: str  # what the data is, in a few words (e.g. "CIFAR-10", "images of photos")
+    source: str  # the folder the images are read from
+
+
+@runtime_checkable
+class EvaluationData(Protocol):
+    """A DataModule that hands out a trained run's images outside a Trainer: what ``export.py`` judges and calibrates.
+
+    Rebuilt from a checkpoint, with its state restored, prepared and set up for ``test``.
+    """
+
+    def use_data_dir(self, folder: Path) -> None:
+        """Read the data from ``folder`` instead of where the run read it (``export.py --data_dir``); before setup()."""
+        ...
+
+    def held_out_images(self) -> HeldOutImages:
+        """The split the run is judged on; after setup()."""
+        ...
+
+    def training_sample(self, count: int, seed: int = 0) -> np.ndarray:
+        """``count`` training images (all of them if fewer), drawn by ``seed``, uint8 (N, 3, S, S); after setup()."""
+        ...

@@ -20,8 +20,8 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
-from .errors import UserError
-from .files import Partial, remove_stale_partials
+from ..foundation.errors import UserError
+from ..foundation.files import Partial, remove_stale_partials
 
 
 class NonFiniteWeightsError(FloatingPointError):

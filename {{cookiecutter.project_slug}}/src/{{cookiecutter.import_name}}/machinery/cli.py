@@ -20,14 +20,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from ..data import Fingerprinted, ImageDataModule
+from ..foundation.errors import UsageError, UserError, exit_with, full_error_wanted, parse_error_line
+from ..foundation.files import NoSpaceError
 from ..models import ImageClassifier
 from .checkpoint_io import read_checkpoint
 from .console_log import CONSOLE
 from .ending import end_early
 from .error_report import write_error_log
-from .errors import UsageError, UserError, exit_with, full_error_wanted, parse_error_line
 from .faults import FaultError, describe_fault, how_it_diverged
-from .files import NoSpaceError
 from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
 from .launch import exit_when_launcher_dies, launched_as_rank_zero

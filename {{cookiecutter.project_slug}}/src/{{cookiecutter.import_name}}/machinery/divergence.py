@@ -26,8 +26,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 from typing_extensions import override
 
+from ..foundation.files import is_full_disk
 from .checkpoint_io import non_finite_weights
-from .files import is_full_disk
 
 CHECK_EVERY_N_STEPS = 10  # host reads of the device counts; a GPU never waits on a step in between
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from ..foundation.errors import RUNTIME, UserError
+from ..foundation.files import NoSpaceError, is_full_disk
 from .checkpoint_io import stored_entry
-from .errors import RUNTIME, UserError
-from .files import NoSpaceError, is_full_disk
 from .resolution import CHECKPOINTS, LAST
 
 WORKER_KILLED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited)")

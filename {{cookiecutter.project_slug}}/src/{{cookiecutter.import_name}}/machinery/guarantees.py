@@ -25,9 +25,9 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from ..foundation.errors import UsageError
 from .checkpoint_io import AtomicCheckpointIO
 from .divergence import DivergenceGuard
-from .errors import UsageError
 from .loggers import class_of
 from .random_state import RandomState
 from .resolution import CHECKPOINTS, LAST

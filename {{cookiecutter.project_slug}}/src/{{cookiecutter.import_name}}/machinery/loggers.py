@@ -13,7 +13,7 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
-from .errors import UsageError
+from ..foundation.errors import UsageError
 
 DIRECTORY_LOGGERS = (TensorBoardLogger, CSVLogger)
 # tracker class -> (the module it needs, the extra of pyproject.toml that installs it)

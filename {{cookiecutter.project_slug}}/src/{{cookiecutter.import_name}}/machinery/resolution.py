@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import UsageError
+from ..foundation.errors import UsageError
 from .identity import RunIdentity
 
 CHECKPOINTS = "checkpoints"

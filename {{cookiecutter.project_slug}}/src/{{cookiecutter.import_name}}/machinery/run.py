@@ -22,9 +22,9 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
 
+from ..foundation.errors import UsageError
+from ..foundation.files import NewFolders
 from .config_hash import LAUNCH_SWITCHES
-from .errors import UsageError
-from .files import NewFolders
 from .identity import RunIdentity, describe, shapes_weights
 from .loggers import DIRECTORY_LOGGERS, callbacks, class_of, is_directory_logger, loggers
 from .resolution import CHECKPOINTS, run_of_checkpoint

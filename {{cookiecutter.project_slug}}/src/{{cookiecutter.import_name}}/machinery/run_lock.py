@@ -13,7 +13,7 @@ import os
 import socket
 from pathlib import Path
 
-from .errors import UsageError
+from ..foundation.errors import UsageError
 
 LOCK_FILENAME = "run.lock"
 

@@ -16,6 +16,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
+from ..foundation.logging_steps import at_logging_step
 from .backbones import BackboneFactory, FastCNN, build_backbone
 from .schedules import OneCycle, Replanned, ScheduleFactory
 from .test_time import TestTimeAugmentation
@@ -244,9 +245,9 @@ class ImageClassifier(L.LightningModule):
         max_steps = self.trainer.max_steps
         if max_steps is not None and 0 < max_steps <= self.trainer.global_step:
             self.trainer.should_stop = True
-        # The step's loss only at the logger's cadence, decided by Lightning as for its own callbacks
+        # The step's loss only at the logger's cadence, by Lightning's rule for its own callbacks
         # (a self.log at every step costs more than a small network's step); a stop always logs.
-        if self.trainer._logger_connector.should_update_logs:
+        if at_logging_step(self.trainer):
             self.log("train/loss_step", outputs["loss"], on_step=True, on_epoch=False)
 
     @override

@@ -35,7 +35,7 @@ from .model_card import CARD_JSON, CARD_MARKDOWN, build_card, write_card
 from .model_loading import load_model
 from .onnx_export import export_onnx
 from .program import export_program, load_program
-from .quantize import Calibration, CalibrationMethodName, calibration_images, quantize_int8
+from .quantize import Calibration, CalibrationMethodName, quantize_int8
 from .run_data import MissingDataError, RunData, load_run_data
 from .staging import StagedFiles
 
@@ -126,7 +126,7 @@ def find_data(options: ExportOptions, model: ImageClassifier, checkpoint: dict) 
         return None, "--eval_limit 0"
     purpose = "int8 calibration" if "int8" in options.formats else "evaluation on the test split"
     try:
-        return load_run_data(checkpoint, model.class_names, options.data_dir, purpose), None
+        return load_run_data(options.ckpt_path, checkpoint, model.class_names, options.data_dir, purpose), None
     except MissingDataError as error:
         if "int8" in options.formats or options.data_dir is not None:
             raise
@@ -154,7 +154,7 @@ def build(options: ExportOptions, model: ImageClassifier, data: RunData | None, 
         check_parity(built["onnx"], eager, options.tolerance, model.hparams.image_size)
     if "int8" in options.formats:
         assert data is not None  # find_data refuses int8 without data
-        images = calibration_images(data.train_images, options.calibration_images)
+        images = data.calibration_images(options.calibration_images)
         calibration = Calibration(len(images), options.calibration_method, options.int8_symmetric, "training")
         int8 = staged.path(FILE_NAMES["int8"])
         quantize_int8(built["onnx"].path, int8, images, calibration)
@@ -168,9 +168,10 @@ def build(options: ExportOptions, model: ImageClassifier, data: RunData | None, 
 
 
 def evaluate(options: ExportOptions, model: ImageClassifier, data: RunData, built: dict[str, Built]) -> Accuracy:
-    """Every runtime on the same test images; returns PyTorch eager's accuracy."""
-    count = len(data.test_labels) if options.eval_limit is None else min(options.eval_limit, len(data.test_labels))
-    images, labels = data.test_images[:count], data.test_labels[:count]
+    """Every runtime on the same held-out images; returns PyTorch eager's accuracy."""
+    held_out = data.held_out
+    count = len(held_out.labels) if options.eval_limit is None else min(options.eval_limit, len(held_out.labels))
+    images, labels = held_out.images[:count], held_out.labels[:count]
     for artifact in built.values():
         artifact.logits = all_logits(artifact.predictor, images, options.eval_batch_size)
         artifact.accuracy = accuracy(artifact.logits, labels)
@@ -220,19 +221,19 @@ def evaluation_record(options: ExportOptions, data: RunData | None, skipped: str
     if data is None or eager is None:
         return {"skipped": skipped}
     return {
-        "dataset": data.name,
-        "split": data.split,
+        "dataset": data.held_out.dataset,
+        "split": data.held_out.split,
         "images": eager.images,
-        "split_images": len(data.test_labels),
-        "data_dir": str(data.data_dir),
+        "split_images": len(data.held_out.labels),
+        "data_dir": data.held_out.source,
         "batch_size": options.eval_batch_size,
     }
 
 
 def example_images(data: RunData | None, image_size: int, count: int = 3) -> np.ndarray:
     """The first judged images, or the contract's sample images when the export had no data."""
-    if data is not None and len(data.test_labels):
-        return np.ascontiguousarray(data.test_images[:count])
+    if data is not None and len(data.held_out.labels):
+        return np.ascontiguousarray(data.held_out.images[:count])
     return sample_images(count, size=image_size).numpy()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import UsageError, UserError
+from ...foundation.errors import UsageError, UserError
 
 
 class ExportError(UsageError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...foundation.errors import parse_error_line
 from ...models import ImageClassifier
 from ..checkpoint_io import CheckpointError, read_checkpoint
-from ..errors import parse_error_line
 from .errors import ExportError
 
 

@@ -53,13 +53,6 @@ class Calibration:
         }
 
 
-def calibration_images(train_images: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
-    """``count`` training images drawn without replacement by a fixed seed (all classes, not the file's first rows)."""
-    count = min(count, len(train_images))
-    rows = np.sort(np.random.default_rng(seed).choice(len(train_images), size=count, replace=False))
-    return np.ascontiguousarray(train_images[rows])
-
-
 class ImageBatches:
     """onnxruntime's CalibrationDataReader over uint8 images: ``get_next()`` gives a feed dict, then None."""
 

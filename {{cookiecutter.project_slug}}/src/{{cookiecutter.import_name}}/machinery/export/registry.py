@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ..errors import UserError
+from ...foundation.errors import UserError
 from .contract import INPUT_NAME, OUTPUT_NAME
 from .errors import ExportError
 from .model_card import CARD_JSON, CARD_MARKDOWN

@@ -1,160 +1,112 @@
-"""The run's own dataset, found from its checkpoint: training images to calibrate int8, the test split to judge.
+"""The run's data, asked of the run's own DataModule: training images to calibrate int8, the held-out split to judge.
 
-An exported model is judged on the images it was trained for, not on noise. For CIFAR, the
-dataset and its checksum setting come from the data settings the checkpoint records, the folder
-from ``--data_dir`` (by default the folder the run trained from). For your own images, the
-packed copy the run trained from (the checkpoint records it; ``--data_dir`` may name another copy)
-and the run's held-out split: the test split, or the validation split where the data has no test
-split (the card says which). Nothing is downloaded or packed: an export runs where the data
-already is, and says so in one line when it is not.
+The DataModule is rebuilt as the checkpoint records it (LightningCLI records its class path and
+every setting), its state is restored (e.g. which packed copy the run read and which images it
+held out), then it is prepared and set up for ``test``. So whichever DataModule a run trained with
+(CIFAR, a folder of images, a subclass of either, or your own ``ImageDataModule``), an export reads
+the images the run read, split as the run split them, through the ``EvaluationData`` protocol
+(``data/interfaces.py``). Nothing here knows a dataset by name. Export never downloads: a setting
+``download`` is turned off; missing data is one line that says which folder to pass.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import numpy as np
 
-from ...data.archive import archive_path, load_cache, prepare
-from ...data.cifar_format import FORMATS, CifarFormat
-from ...data.errors import DataError
-from ...data.folder import ImageFolderDataModule, stratified_split
-from ..errors import UsageError
-from ..packing import PackedImages, open_packed
+from ...data.interfaces import EvaluationData, HeldOutImages
+from ...foundation.errors import UsageError, UserError, parse_error_line
 
 
 class MissingDataError(UsageError):
-    """The images an export step needs are not where it looked; the message names the folder to pass."""
-
-
-class Rows:
-    """Some rows of a memory-mapped array, read only when indexed (a held-out split of the packed training images)."""
-
-    def __init__(self, array: np.ndarray, rows: np.ndarray) -> None:
-        self.array, self.rows = array, rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, key: slice | np.ndarray) -> np.ndarray:
-        return self.array[self.rows[key]]
+    """The images an export step needs cannot be read; the message says what to pass."""
 
 
 @dataclass(frozen=True)
 class RunData:
-    """Memory-mapped uint8 (N, 3, S, S) images and int64 labels of the run's dataset."""
+    """The rebuilt DataModule, set up, and the split it holds out."""
 
-    name: str
-    data_dir: Path
-    train_images: np.ndarray | Rows
-    test_images: np.ndarray | Rows
-    test_labels: np.ndarray
-    split: str = "test"  # the split judged on: test, or val where the data has none
+    datamodule: EvaluationData
+    held_out: HeldOutImages
 
-
-def data_settings(checkpoint: dict) -> dict:
-    """The DataModule's settings as the checkpoint records them."""
-    return checkpoint.get("datamodule_hyper_parameters", {})
+    def calibration_images(self, count: int) -> np.ndarray:
+        """Training images, never held-out ones, drawn by a fixed seed."""
+        return self.datamodule.training_sample(count, seed=0)
 
 
-def recorded_format(checkpoint: dict) -> CifarFormat:
-    """The dataset the run trained on."""
-    dataset = data_settings(checkpoint).get("dataset")
-    if dataset not in FORMATS:
+def accepted_arguments(cls: type) -> set[str]:
+    """The constructor arguments of ``cls``, following ``**kwargs`` up to the base classes that take them."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(klass.__init__).parameters.values()
+        names |= {p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return names
+
+
+def datamodule_class(checkpoint: dict) -> type[L.LightningDataModule]:
+    """The class the run's DataModule was, imported (as LightningCLI imported it from ``data.class_path``)."""
+    class_path = checkpoint.get("datamodule_hyper_parameters", {}).get("_class_path")
+    if not class_path:
         raise MissingDataError(
-            f"the checkpoint does not record which dataset it was trained on (data.dataset is {dataset!r}); "
+            "the checkpoint does not record the run's DataModule (it was not written by main.py fit); "
             "export it with --formats onnx,pt2, which needs no data"
         )
-    return FORMATS[dataset]
-
-
-def recorded_data_dir(checkpoint: dict) -> Path | None:
-    data_dir = data_settings(checkpoint).get("data_dir")
-    return Path(data_dir) if data_dir else None
-
-
-def data_present(data_dir: Path, fmt: CifarFormat) -> bool:
-    """The archive or its complete converted cache is in ``data_dir`` (checked without writing there)."""
-    return archive_path(data_dir, fmt).is_file() or load_cache(data_dir, fmt) is not None
-
-
-def load_run_data(checkpoint: dict, class_names: list[str], data_dir: Path | None, purpose: str) -> RunData:
-    """The run's dataset from ``data_dir`` (default: the folder it trained from), converted once if need be.
-
-    ``purpose`` says in the error what the images were wanted for.
-    """
-    if "image_dir" in data_settings(checkpoint):
-        return _packed_run_data(checkpoint, class_names, data_dir, purpose)
-    fmt = recorded_format(checkpoint)
-    folder = data_dir or recorded_data_dir(checkpoint) or Path("data")
-    if not data_present(folder, fmt):
-        without = "" if purpose.startswith("int8") else " (or --eval_limit 0 to export without measuring)"
-        raise MissingDataError(
-            f"{purpose} needs the run's {fmt.title} images, and {folder} holds neither {fmt.archive_name} nor "
-            f"its converted cache; pass --data_dir with the folder that holds them{without}"
-        )
-    verify = bool(data_settings(checkpoint).get("verify_checksum", True))
+    module_name, _, name = class_path.rpartition(".")
     try:
-        cache = prepare(folder, fmt, download=False, verify_checksum=verify)
-    except DataError as error:
-        raise MissingDataError(f"{purpose}: {error}") from error
-    if list(cache.class_names) != list(class_names):
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as error:
         raise MissingDataError(
-            f"the data in {folder} has other classes than the model ({len(cache.class_names)} vs "
-            f"{len(class_names)}: {list(cache.class_names)[:3]}... vs {list(class_names)[:3]}...); "
+            f"the run's DataModule {class_path} cannot be imported here ({error}); install the package that defines "
+            "it, or put its folder on PYTHONPATH"
+        ) from error
+    if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule) and issubclass(cls, EvaluationData)):
+        raise MissingDataError(
+            f"the run's DataModule {class_path} cannot hand out its images to an export (it is no ImageDataModule); "
+            "export it with --formats onnx,pt2, which needs no data"
+        )
+    return cls
+
+
+def load_run_data(
+    ckpt_path: Path, checkpoint: dict, class_names: list[str], data_dir: Path | None, purpose: str
+) -> RunData:
+    """The run's DataModule rebuilt from ``ckpt_path``, set up for ``test`` (``data_dir``: where to read instead).
+
+    ``purpose`` says in an error what the images were wanted for.
+    """
+    cls = datamodule_class(checkpoint)
+    settings = checkpoint["datamodule_hyper_parameters"]
+    accepted = accepted_arguments(cls)
+    overrides: dict[str, Any] = {"class_names": list(class_names)} if "class_names" in accepted else {}
+    if "download" in settings:
+        overrides["download"] = False
+    without = "" if purpose.startswith("int8") else " (or --eval_limit 0 to export without measuring)"
+    try:
+        datamodule = cls.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True, **overrides)
+        if data_dir is not None:
+            datamodule.use_data_dir(data_dir)
+        datamodule.prepare_data()
+        datamodule.setup("test")
+    except (UserError, ValueError, OSError) as error:
+        where = "pass --data_dir with the folder that holds them" if data_dir is None else "check --data_dir"
+        raise MissingDataError(
+            f"{purpose} needs the run's images, which its {cls.__name__} cannot read here: "
+            f"{parse_error_line(str(error))}; {where}{without}"
+        ) from error
+    if list(datamodule.class_names) != list(class_names):
+        raise MissingDataError(
+            f"the data {datamodule.title} has other classes than the model ({len(datamodule.class_names)} vs "
+            f"{len(class_names)}: {list(datamodule.class_names)[:3]}... vs {list(class_names)[:3]}...); "
             "pass --data_dir with the data the run trained on"
         )
-    train, test = cache.split("train"), cache.split("test")
-    return RunData(
-        name=fmt.name,
-        data_dir=folder,
-        train_images=np.load(train.images, mmap_mode="r"),
-        test_images=np.load(test.images, mmap_mode="r"),
-        test_labels=np.load(test.labels),
-    )
-
-
-def _packed_run_data(checkpoint: dict, class_names: list[str], data_dir: Path | None, purpose: str) -> RunData:
-    """The packed copy the run trained from (or ``data_dir``, another copy of the same images), split as the run did."""
-    settings = data_settings(checkpoint)
-    state = checkpoint.get(ImageFolderDataModule.__qualname__, {})
-    recorded = state.get("packed_copy")
-    folder = data_dir or (Path(recorded) if recorded else None)
-    packed = open_packed(folder) if folder is not None else None
-    if packed is None:
-        without = "" if purpose.startswith("int8") else " (or --eval_limit 0 to export without measuring)"
-        raise MissingDataError(
-            f"{purpose} needs the packed copy of the run's images, and {folder or 'the checkpoint'} holds none; run "
-            f"fit once on {settings.get('image_dir')} to pack them again, or pass --data_dir with the packed copy "
-            f"(a folder under data.cache_dir){without}"
-        )
-    if packed.class_names != list(class_names):
-        raise MissingDataError(
-            f"the packed copy {packed.root} has other classes than the model ({len(packed.class_names)} vs "
-            f"{len(class_names)}); pass --data_dir with the packed copy the run trained on"
-        )
-    return _held_out(packed, settings)
-
-
-def _held_out(packed: PackedImages, settings: dict) -> RunData:
-    train = packed.split("train")
-    train_images = np.load(train.images, mmap_mode="r")
-    labels = np.load(train.labels)
-    given_val, given_test = "val" in packed.splits, "test" in packed.splits
-    fractions = (
-        0.0 if given_val else settings.get("val_fraction", 0.1),
-        0.0 if given_test else settings.get("test_fraction", 0.0),
-    )
-    train_rows, val_rows, test_rows = stratified_split(labels, fractions, settings.get("split_seed", 0))
-    name = f"images:{Path(packed.meta['source']).name}"
-    calibration = Rows(train_images, train_rows)  # never a held-out image
-    for split, given, rows in (("test", given_test, test_rows), ("val", given_val, val_rows)):
-        if given:
-            arrays = packed.split(split)
-            return RunData(
-                name, packed.root, calibration, np.load(arrays.images, mmap_mode="r"), np.load(arrays.labels), split
-            )
-        if len(rows):
-            return RunData(name, packed.root, calibration, Rows(train_images, rows), labels[rows], split)
-    raise MissingDataError(f"the packed copy {packed.root} has no held-out images to judge the export on")
+    return RunData(datamodule, datamodule.held_out_images())

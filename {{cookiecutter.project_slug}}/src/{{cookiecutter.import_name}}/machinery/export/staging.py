@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
-from ..files import NewFolders, Partial, remove_stale_partials
+from ...foundation.files import NewFolders, Partial, remove_stale_partials
 
 
 class StagedFiles:

@@ -7,7 +7,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from ..files import Partial
+from ...foundation.files import Partial
 
 PLOTS = {
     "history": optuna.visualization.plot_optimization_history,

@@ -25,7 +25,7 @@ import yaml
 from jsonargparse import ArgumentParser, Namespace
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from ..errors import UsageError, parse_error_line
+from ...foundation.errors import UsageError, parse_error_line
 from ..loggers import class_of
 
 DISTRIBUTIONS = {"float": FloatDistribution, "int": IntDistribution, "categorical": CategoricalDistribution}

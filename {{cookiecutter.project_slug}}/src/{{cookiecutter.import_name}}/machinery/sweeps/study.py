@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from ..errors import UsageError
+from ...foundation.errors import UsageError
 from .space import SweepSpec
 
 JOURNAL_PREFIX = "journal:"

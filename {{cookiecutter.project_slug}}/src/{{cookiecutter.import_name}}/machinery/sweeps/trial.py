@@ -17,9 +17,9 @@ import optuna
 from optuna_integration import PyTorchLightningPruningCallback
 from typing_extensions import override
 
+from ...foundation.errors import UserError
+from ...foundation.files import Partial
 from ..cli import TrainerCLI
-from ..errors import UserError
-from ..files import Partial
 from .space import SweepSpec, as_options
 
 RECORD = "sweep.json"  # in the run directory: the study and trial that ran it, and how it ended

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from typing_extensions import override
 
+from ...foundation.errors import UsageError
 from ..cli import TrainerCLI
-from ..errors import UsageError
 from .space import SweepSpec, as_options
 
 

@@ -5,16 +5,14 @@ modification time, and the packing settings (size, resize rule). The same folder
 find the same copy and decode nothing; an added, removed or changed image, or another size,
 makes another copy (and another run identity: the manifest's digest is the data's fingerprint).
 
-Packing decodes in parallel processes into a temporary folder beside the final one and renames it
-into place only when complete (``files.Partial``), under a lock on the cache folder: a killed
-packing leaves nothing a later run could take for complete, and two processes packing the same
-images (DDP ranks on several nodes, two jobs) wait for each other instead of writing together.
+Packing decodes in parallel processes into a converted copy (``foundation/converted_copy.py``):
+a killed packing leaves nothing a later run could take for complete, and two processes packing the
+same images (DDP ranks on several nodes, two jobs) wait for each other instead of writing together.
 The source is only read.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -31,13 +29,13 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from tqdm import tqdm
 
-from ..data.errors import DataError, DataSettingError
-from ..data.image_files import BadImageError, Resize, decode_image, resize_array
-from ..data.image_sources import LabelledImages, read_array_images
-from .files import NoSpaceError, Partial, damage, file_record, remove_stale_partials, writable
+from ..foundation.converted_copy import ConvertedCopy
+from ..foundation.files import NoSpaceError, writable
+from .errors import DataError, DataSettingError
+from .image_files import BadImageError, Resize, decode_image, resize_array
+from .image_sources import LabelledImages, read_array_images
 
 PACK_FORMAT_VERSION = 1
-MARKER = "meta.json"
 BAD_IMAGES = "bad_images.txt"
 IMBALANCE_RATIO = 10  # most / fewest training images per class above which the summary warns
 
@@ -101,20 +99,15 @@ def packed_folder(cache_dir: Path, found: LabelledImages, settings: PackSettings
 
 def open_packed(folder: Path) -> PackedImages | None:
     """The packed copy in ``folder`` if it is complete and whole (its files have the sizes and checksums recorded)."""
-    try:
-        meta = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
+    copy = ConvertedCopy(Path(folder))
+    meta = copy.marker()
+    if meta is None or meta.get("format_version") != PACK_FORMAT_VERSION:
         return None
-    if meta.get("format_version") != PACK_FORMAT_VERSION:
-        return None
-    packed = PackedImages(folder, meta)
-    # Sizes and checksums of every file; a copy of an earlier release recorded the arrays' sizes only.
-    records = meta.get("files") or {name: {"bytes": size} for name, size in meta.get("file_sizes", {}).items()}
-    damaged = damage(folder, records)
+    damaged = copy.damage(meta)
     if damaged is not None:
         rank_zero_info(f"Data: the packed copy {folder} is damaged ({damaged}); it is not used (packing makes it anew)")
         return None
-    return packed
+    return PackedImages(copy.folder, meta)
 
 
 # Decoding runs in worker processes: each gets (root, key) tasks and returns the pixels or the reason.
@@ -230,8 +223,6 @@ def _pack_into(partial: Path, found: LabelledImages, settings: PackSettings, wor
         "counts": counts,
         "class_counts": class_counts,
         "bad_images": len(bad),
-        "file_sizes": {path.name: path.stat().st_size for path in sorted(partial.iterdir()) if path.suffix == ".npy"},
-        "files": {path.name: file_record(path) for path in sorted(partial.iterdir()) if path.is_file()},
     }
 
 
@@ -249,14 +240,13 @@ def pack(
         return packed_read_only(cache_dir, found, settings)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        lock_file = open(folder.parent / f".{folder.name}.lock", "w")  # noqa: SIM115 (held for the whole packing)
     except OSError as error:
         raise DataSettingError(
             f"data.cache_dir={cache_dir} cannot be written ({error.strerror}); point data.cache_dir at a folder "
             "you can write"
         ) from error
-    with lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)  # the other process's packing, if any, completes first
+    copy = ConvertedCopy(folder)
+    with copy.making():  # the other process's packing, if any, completes first
         packed = open_packed(folder)
         if packed is not None:
             rank_zero_info(
@@ -264,22 +254,21 @@ def pack(
                 f"({settings.image_size} px, {settings.resize}); nothing to decode"
             )
             return packed
-        remove_stale_partials(folder.parent, f"*.{folder.name}")
         needed = found.count() * 3 * settings.image_size**2
         _check_space(folder.parent, needed)
         workers = workers or default_workers()
         start = time.perf_counter()
         try:
-            with Partial(folder, needed=needed) as partial:  # a full disk on the way out is NoSpaceError
-                partial.mkdir()
-                meta = _pack_into(partial, found, settings, workers, on_bad_image == "error")
-                (partial / MARKER).write_text(json.dumps(meta, indent=2, ensure_ascii=False), encoding="utf-8")
+            # A full disk on the way out is NoSpaceError.
+            meta = copy.build(
+                lambda partial: _pack_into(partial, found, settings, workers, on_bad_image == "error"), needed
+            )
         except NoSpaceError as error:  # the same, saying where else the copy may go
             raise NoSpaceError(folder, needed, error.free, "point data.cache_dir elsewhere") from error
         seconds = time.perf_counter() - start
     packed = PackedImages(folder, meta)
     kept = sum(meta["counts"].values())
-    megabytes = sum(meta["file_sizes"].values()) / 2**20
+    megabytes = sum(record["bytes"] for record in meta["files"].values()) / 2**20
     rank_zero_info(
         f"Data: packed {kept} images from {found.root} in {seconds:.1f} s ({kept / max(seconds, 1e-9):.0f} images/s, "
         f"{workers} processes) into {folder} ({megabytes:.1f} MB)"
