@@ -125,11 +125,13 @@ def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
         train_and_export_a_folder_of_photos(project, package, tmp_path)
         return
 
-    # A tiny archive in the official on-disk format, written by the project's own packer.
+    # A tiny archive in the official on-disk format, written by the project's tests' packer.
     data_dir = tmp_path / "data"
     pack = (
         "import sys, numpy as np\n"
-        f"from {package}.data.cifar_format import FORMATS, write_archive\n"
+        f"sys.path.insert(0, {str(project)!r})\n"
+        f"from {package}.data.cifar_format import FORMATS\n"
+        "from tests.cifar_archives import write_archive\n"
         f"fmt = FORMATS['{dataset}']\n"
         "rng = np.random.default_rng(0)\n"
         "x = rng.integers(0, 256, (160, 3, 32, 32), dtype=np.uint8)\n"

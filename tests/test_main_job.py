@@ -18,7 +18,9 @@ TINY_RUN = [
 ]  # fmt: skip
 PACK = """
 import sys, numpy as np
-from cifar_classifier.data.cifar_format import CIFAR10, write_archive
+sys.path.insert(0, sys.argv[2])  # the rendered project: its tests write official-format archives
+from cifar_classifier.data.cifar_format import CIFAR10
+from tests.cifar_archives import write_archive
 rng = np.random.default_rng(0)
 x = rng.integers(0, 256, (160, 3, 32, 32), dtype=np.uint8)
 y = rng.integers(0, 10, 160)
@@ -47,8 +49,8 @@ def test_the_main_job_renders_installs_and_trains(tmp_path):
     project, python = template / "build" / "cifar-classifier", template / "build" / ".venv" / "bin" / "python"
     assert not (project / "runs").exists()
 
-    # The archive in place (written by the rendered project's own packer): the same command trains.
-    subprocess.run([str(python), "-c", PACK, str(data_dir)], check=True, timeout=300)
+    # The archive in place (written by the rendered project's tests' packer): the same command trains.
+    subprocess.run([str(python), "-c", PACK, str(data_dir), str(project)], check=True, timeout=300)
     trained = train_sh(template, data_dir, *TINY_RUN)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_epochs=1` reached." in trained.stdout + trained.stderr

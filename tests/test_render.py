@@ -79,6 +79,7 @@ COMMON_FILES = {
     "tests/test_ddp.py",
     "tests/__init__.py",
     "tests/conftest.py",
+    "tests/cifar_archives.py",
     "tests/test_archive.py",
     "tests/test_augment.py",
     "tests/test_callbacks.py",
@@ -96,6 +97,7 @@ COMMON_FILES = {
     "tests/test_guarantees.py",
     "tests/test_host_sync.py",
     "tests/test_model.py",
+    "tests/test_own_datamodule.py",
     "tests/test_own_images.py",
     "tests/test_predict.py",
     "tests/test_private_routes.py",
@@ -134,6 +136,12 @@ PACKAGE_FILES = {
     "data/image_sources.py",
     "data/interfaces.py",
     "data/loader.py",
+    "data/packing.py",
+    "foundation/__init__.py",
+    "foundation/converted_copy.py",
+    "foundation/errors.py",
+    "foundation/files.py",
+    "foundation/logging_steps.py",
     "machinery/README.md",
     "machinery/__init__.py",
     "machinery/checkpoint_io.py",
@@ -143,7 +151,6 @@ PACKAGE_FILES = {
     "machinery/divergence.py",
     "machinery/ending.py",
     "machinery/error_report.py",
-    "machinery/errors.py",
     "machinery/export/__init__.py",
     "machinery/export/artifacts.py",
     "machinery/export/contract.py",
@@ -158,13 +165,11 @@ PACKAGE_FILES = {
     "machinery/export/run_data.py",
     "machinery/export/staging.py",
     "machinery/faults.py",
-    "machinery/files.py",
     "machinery/guarantees.py",
     "machinery/identity.py",
     "machinery/launch.py",
     "machinery/loggers.py",
     "machinery/noise.py",
-    "machinery/packing.py",
     "machinery/random_state.py",
     "machinery/resolution.py",
     "machinery/run.py",
@@ -349,3 +354,62 @@ def test_recorded_answers_re_render_the_same_tree(bake, tmp_path, cookiecutter_c
     assert rendered_files(again) == files
     for name in files:
         assert (again / name).read_bytes() == (project / name).read_bytes(), name
+
+
+# The package's wings, lowest first: a module imports only its own wing or a lower one. The user's
+# data and models do not import each other; callbacks may use both.
+WING_LEVELS = {"foundation": 0, "data": 1, "models": 1, "callbacks": 2, "machinery": 3}
+
+
+def package_imports(package: Path) -> list[tuple[str, str, str]]:
+    """(importing file, its wing, imported wing) for every import of the package's own modules."""
+    import ast
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).parts
+        if len(parts) < 2:
+            continue
+        wing, module = parts[0], [package.name, *(p.removesuffix(".py") for p in parts)]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:  # relative to the module's own package
+                    base = module[: len(module) - node.level]
+                    target = [*base, *(node.module or "").split(".")] if node.module else base
+                else:
+                    target = (node.module or "").split(".")
+                names = [target]
+            elif isinstance(node, ast.Import):
+                names = [alias.name.split(".") for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if len(name) > 1 and name[0] == package.name and name[1] in WING_LEVELS:
+                    found.append((str(path.relative_to(package)), wing, name[1]))
+    return found
+
+
+def test_every_import_of_the_package_runs_one_way(bake):
+    package = next((bake() / "src").iterdir())
+    imports = package_imports(package)
+    assert {imported for _, _, imported in imports} == set(WING_LEVELS)  # the check sees every wing
+    upward = [
+        (path, imported)
+        for path, wing, imported in imports
+        if wing != imported and WING_LEVELS[imported] >= WING_LEVELS[wing]
+    ]
+    assert upward == []
+
+
+def test_the_docs_name_what_a_user_edits_with_its_true_length(bake):
+    project = bake()
+    package = next((project / "src").iterdir())
+    page = (project / "docs" / "configuration.md").read_text()
+    table = page.split("## What you edit", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([^`]+)` \| (\d+) \|", table, flags=re.MULTILINE))
+    listed = {path for pattern in rows for path in package.glob(pattern) if path.name != "__init__.py"}
+    user_wing = {path for wing in ("models", "data", "callbacks") for path in (package / wing).glob("*.py")}
+    assert listed == {path for path in user_wing if path.name != "__init__.py"}  # every file, nothing else
+    for pattern, lines in rows.items():
+        files = [path for path in package.glob(pattern) if path.name != "__init__.py"]
+        assert int(lines) == sum(len(path.read_text().splitlines()) for path in files), pattern

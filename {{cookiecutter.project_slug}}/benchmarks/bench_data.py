@@ -34,7 +34,11 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
-from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, write_archive
+from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))  # the tests' writer of official-format archives, for a synthetic one
+from tests.cifar_archives import write_archive  # noqa: E402
 
 
 class ArchiveCIFAR10(torchvision.datasets.CIFAR10):

@@ -12,13 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from {{ cookiecutter.import_name }}.data.cifar_format import (
-    CIFAR10,
-    CIFAR100,
-    FORMATS,
-    CifarFormat,
-    write_archive,
-)
+from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, CIFAR100, FORMATS, CifarFormat
+
+from .cifar_archives import write_archive
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATASET = FORMATS["{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}"]  # the format the default config trains on

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, write_archive
+from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
 
+from .cifar_archives import write_archive
 from .conftest import NUM_TRAIN, PROJECT_ROOT, cli_env, make_images, write_tiny_archive
 
 pytestmark = pytest.mark.slow

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torchvision
 
-from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, read_batch, write_archive
+from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10, read_batch
 
+from .cifar_archives import write_archive
 from .conftest import NUM_TEST, NUM_TRAIN, make_images, write_tiny_archive
 
 

@@ -17,10 +17,10 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
-from {{ cookiecutter.import_name }}.data.cifar_format import write_archive
 from {{ cookiecutter.import_name }}.data.folder import stratified_split
 from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 
+from .cifar_archives import write_archive
 from .conftest import (
     DATASET,
     FAST_ARGS,

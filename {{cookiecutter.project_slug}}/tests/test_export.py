@@ -17,7 +17,6 @@ import torch
 from torchvision import datasets
 from torchvision.datasets import cifar
 
-from {{ cookiecutter.import_name }}.data.cifar_format import write_archive
 from {{ cookiecutter.import_name }}.machinery.export.contract import sample_images
 from {{ cookiecutter.import_name }}.machinery.export.evaluation import (
     measure_parity,
@@ -31,6 +30,7 @@ from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import AirBench, CifarResNet, FastCNN
 from {{ cookiecutter.import_name }}.models.cost import model_cost, thop_macs_and_params, torch_flops
 
+from .cifar_archives import write_archive
 from .conftest import DATASET, FAST_ARGS, PROJECT_ROOT, cli_env, default_config, run_cli
 
 sys.path.insert(0, str(PROJECT_ROOT))

@@ -21,7 +21,7 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from torchvision.datasets.utils import calculate_md5, download_url
 
-from ..foundation.converted_copy import ConvertedCopy
+from ..foundation.converted_copy import ConvertedCopy, SplitArrays
 from ..foundation.files import NewFolders, Partial, writable
 from .cifar_format import IMAGE_SHAPE, ROW_LENGTH, CifarFormat, read_batch
 from .errors import DataError
@@ -34,14 +34,6 @@ REPACK = "delete it and run again to download the official archive, or repack yo
 
 
 @dataclass(frozen=True)
-class CachedSplit:
-    """Paths of one split's arrays: images (N, 3, 32, 32) uint8 and labels (N,) int64."""
-
-    images: Path
-    labels: Path
-
-
-@dataclass(frozen=True)
 class Cache:
     """A complete, converted dataset folder."""
 
@@ -49,8 +41,8 @@ class Cache:
     class_names: tuple[str, ...]
     archive_md5: str
 
-    def split(self, name: str) -> CachedSplit:
-        return CachedSplit(self.root / f"{name}_images.npy", self.root / f"{name}_labels.npy")
+    def split(self, name: str) -> SplitArrays:
+        return SplitArrays.in_folder(self.root, name)
 
 
 def archive_path(data_dir: Path, fmt: CifarFormat) -> Path:

@@ -29,7 +29,7 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from tqdm import tqdm
 
-from ..foundation.converted_copy import ConvertedCopy
+from ..foundation.converted_copy import ConvertedCopy, SplitArrays
 from ..foundation.files import NoSpaceError, writable
 from .errors import DataError, DataSettingError
 from .image_files import BadImageError, Resize, decode_image, resize_array
@@ -49,12 +49,6 @@ class PackSettings:
 
 
 @dataclass(frozen=True)
-class PackedSplit:
-    images: Path
-    labels: Path
-
-
-@dataclass(frozen=True)
 class PackedImages:
     """A complete packed copy: a folder of ``<split>_images.npy`` (N, 3, S, S) uint8 and ``<split>_labels.npy``."""
 
@@ -69,8 +63,8 @@ class PackedImages:
     def class_names(self) -> list[str]:
         return list(self.meta["class_names"])
 
-    def split(self, name: str) -> PackedSplit:
-        return PackedSplit(self.root / f"{name}_images.npy", self.root / f"{name}_labels.npy")
+    def split(self, name: str) -> SplitArrays:
+        return SplitArrays.in_folder(self.root, name)
 
     def keys(self, name: str) -> list[str]:
         """What each packed row was: its file relative to the source (or its array row)."""

@@ -28,6 +28,18 @@ MARKER = "meta.json"
 
 
 @dataclass(frozen=True)
+class SplitArrays:
+    """Where a copy keeps one split: ``<split>_images.npy`` (N, 3, S, S) uint8 and ``<split>_labels.npy`` (N,) int64."""
+
+    images: Path
+    labels: Path
+
+    @classmethod
+    def in_folder(cls, folder: Path, split: str) -> SplitArrays:
+        return cls(folder / f"{split}_images.npy", folder / f"{split}_labels.npy")
+
+
+@dataclass(frozen=True)
 class ConvertedCopy:
     """The copy in ``folder``; ``lock_name`` names its lock when several copies share one (default: the folder's)."""
 
