@@ -27,17 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from {{ cookiecutter.import_name }}.data.archive import prepare
-from {{ cookiecutter.import_name }}.data.cifar_format import FORMATS
+from {{ cookiecutter.import_name }}.data import CifarDataModule
 from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
 from {{ cookiecutter.import_name }}.machinery.export.evaluation import onnx_predictor
 from {{ cookiecutter.import_name }}.machinery.export.model_loading import load_model
 from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
-from {{ cookiecutter.import_name }}.machinery.export.quantize import (
-    Calibration,
-    calibration_images,
-    quantize_int8,
-)
+from {{ cookiecutter.import_name }}.machinery.export.quantize import Calibration, quantize_int8
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"
@@ -107,9 +102,11 @@ def main() -> None:
         parser.error(f"{' '.join(overrides)}: config options apply to --config, not to a checkpoint")
     torch.set_num_threads(args.threads)
     model, dataset = build_model(args, overrides)
-    cache = prepare(args.data_dir, FORMATS[dataset], download=False, verify_checksum=False)
-    train = np.load(cache.split("train").images, mmap_mode="r")
-    test = np.load(cache.split("test").images, mmap_mode="r")
+    # The images as export.py takes them: through the DataModule (its held-out split, a training sample).
+    data = CifarDataModule(dataset, str(args.data_dir), val_size=0, download=False, verify_checksum=False)
+    data.prepare_data()
+    data.setup("test")
+    test = data.held_out_images().images
     batches = {1: np.array(test[:1]), 256: np.array(np.resize(test[:256], (256, 3, 32, 32)))}
     calls = {1: 5, 256: 1} if args.quick else {1: 100, 256: 5}
     rounds = 1 if args.quick else args.rounds
@@ -117,7 +114,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         fp32, int8 = Path(work) / "model.onnx", Path(work) / "model.int8.onnx"
         export_onnx(model, fp32)
-        images = calibration_images(train, 512)
+        images = data.training_sample(512)
         quantize_int8(fp32, int8, images, Calibration(len(images), "minmax", False, "training"))
         runners = {
             "eager": eager_runner(model, torch.device("cpu")),

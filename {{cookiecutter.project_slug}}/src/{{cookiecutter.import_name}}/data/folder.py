@@ -139,6 +139,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.packed: PackedImages | None = None
         self.tests_on_validation_set = False
         self.held_out_rows: dict[str, np.ndarray] = {}  # rows of the packed training images held out (val, test)
+        self.rows_of: str | None = None  # the packed copy (its folder name: the manifest's digest) the rows index
         self.recorded_copy: Path | None = None  # the packed copy a checkpoint names (or export.py --data_dir)
         self.found: LabelledImages | None = None
         if class_names and not self.image_dir.exists():
@@ -233,7 +234,7 @@ class ImageFolderDataModule(ImageDataModule):
         train_split = packed.split("train")
         labels = np.load(train_split.labels)
         given_val, given_test = "val" in packed.splits, "test" in packed.splits
-        train_rows, val_rows, test_rows = self._split_rows(labels, given_val, given_test)
+        train_rows, val_rows, test_rows = self._split_rows(packed, labels, given_val, given_test)
         self.held_out_rows = {"val": val_rows, "test": test_rows}
         train = MemmapBatches(train_split.images, train_split.labels, train_rows, with_ids=True)
         val = (
@@ -257,13 +258,15 @@ class ImageFolderDataModule(ImageDataModule):
         if stage in ("test", "predict") and self.tests_on_validation_set:
             rank_zero_info("Data: no test split (data.test_fraction is 0): test and predict read the validation images")
 
-    def _split_rows(self, labels: np.ndarray, given_val: bool, given_test: bool) -> tuple[np.ndarray, ...]:
+    def _split_rows(
+        self, packed: PackedImages, labels: np.ndarray, given_val: bool, given_test: bool
+    ) -> tuple[np.ndarray, ...]:
         """Rows of the packed training images to train on, validate on and test on.
 
-        As the checkpoint recorded them where one was restored (the split is never derived again for a
-        trained run), else by the seeded, stratified split.
+        As the checkpoint recorded them for this copy of the images (the split is never derived again
+        for a trained run), else by the seeded, stratified split.
         """
-        if self.held_out_rows and self.recorded_copy is not None:
+        if self.held_out_rows and self.rows_of == packed.root.name:
             val_rows, test_rows = self.held_out_rows["val"], self.held_out_rows["test"]
             train_rows = np.setdiff1d(np.arange(len(labels)), np.concatenate([val_rows, test_rows]))
             return train_rows, val_rows, test_rows
@@ -291,8 +294,11 @@ class ImageFolderDataModule(ImageDataModule):
         A resumed fit restores the state after its setup, from the same images split the same way (the
         run's identity holds the manifest and the split settings), so nothing changes there.
         """
-        if "packed_copy" in state_dict and self.recorded_copy is None:
+        if "packed_copy" not in state_dict:
+            return
+        if self.recorded_copy is None:
             self.recorded_copy = Path(state_dict["packed_copy"])
         rows = state_dict.get("held_out_rows")
         if rows is not None:  # checkpoints of earlier releases recorded no rows: the split is derived as they did
             self.held_out_rows = {name: value.numpy() for name, value in rows.items()}
+            self.rows_of = Path(state_dict["packed_copy"]).name
