@@ -208,15 +208,44 @@ SLURM_ONE_TASK_JOB = {
 }
 
 
-def slurm_stand_ins(root: Path) -> tuple[Path, Path]:
+# srun with SLURM_NTASKS tasks on this machine: each task gets its SLURM_PROCID and SLURM_LOCALID; with
+# --kill-on-bad-exit=1, a task that exits non-zero ends the others (SIGTERM, as srun does); the step's
+# status is the first failing task's.
+SRUN_TASKS = """
+import os, signal, subprocess, sys, time
+kill_on_bad_exit = "--kill-on-bad-exit=1" in sys.argv[1:]
+command = [arg for arg in sys.argv[1:] if not arg.startswith("--kill-on-bad-exit")]
+tasks = [
+    subprocess.Popen(command, env={**os.environ, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)})
+    for rank in range(int(os.environ["SLURM_NTASKS"]))
+]
+failed = 0
+while any(task.poll() is None for task in tasks):
+    code = next((task.returncode for task in tasks if task.returncode not in (None, 0)), 0)
+    if code and not failed:
+        failed = code if code > 0 else 128 - code
+        if kill_on_bad_exit:
+            for task in tasks:
+                if task.poll() is None:
+                    task.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+failed = failed or next((t.returncode if t.returncode > 0 else 128 - t.returncode for t in tasks if t.returncode), 0)
+sys.exit(failed)
+"""
+
+
+def slurm_stand_ins(root: Path, tasks: int = 1) -> tuple[Path, Path]:
     """``(bin, submit)``: ``srun``/``scontrol``/``python`` stand-ins, and a submit folder that is a checkout.
 
-    ``scontrol`` records its arguments in ``<submit>/scontrol.log``; ``python`` is this interpreter.
+    ``scontrol`` records its arguments in ``<submit>/scontrol.log``; ``python`` is this interpreter;
+    ``srun`` runs the command itself (one task), or ``SLURM_NTASKS`` tasks with ``tasks`` > 1.
     """
     bin_dir, submit_dir = root / "bin", root / "submit"
     bin_dir.mkdir()
+    (bin_dir / "srun_tasks.py").write_text(SRUN_TASKS)
+    one_task = '[ "${1:-}" = "--kill-on-bad-exit=1" ] && shift; exec "$@"'  # the command itself
     stand_ins = {
-        "srun": 'exec "$@"',  # one task: the command itself
+        "srun": one_task if tasks == 1 else f'exec "{sys.executable}" "{bin_dir / "srun_tasks.py"}" "$@"',
         "scontrol": 'echo "scontrol $*" >> "$SLURM_SUBMIT_DIR/scontrol.log"',
         "python": f'exec "{sys.executable}" "$@"',
     }

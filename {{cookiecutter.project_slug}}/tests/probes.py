@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import lightning as L
@@ -176,3 +177,21 @@ class NoSpaceAt(L.Callback):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
 
         torch.save = short_write
+
+
+class FailAt(L.Callback):
+    """Fail on rank ``FAIL_RANK`` (default 1) as training batch ``FAIL_AT`` (``E:B``) starts, noting the time.
+
+    ``FAIL_KIND``: ``oom`` raises torch's out-of-memory error as a GPU does, ``error`` a plain exception of
+    the step. The moment goes to ``<run>/fault.time`` (seconds since the epoch), for "ended within N s".
+    """
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if f"{trainer.current_epoch}:{batch_idx}" != os.environ.get("FAIL_AT", ""):
+            return
+        if trainer.global_rank != int(os.environ.get("FAIL_RANK", "1")):
+            return
+        (Path(trainer.default_root_dir) / "fault.time").write_text(str(time.time()))
+        if os.environ.get("FAIL_KIND") == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+        raise RuntimeError("the training step failed on purpose")

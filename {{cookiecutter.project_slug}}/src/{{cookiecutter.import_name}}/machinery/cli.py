@@ -238,13 +238,17 @@ class TrainerCLI(LightningCLI):
         if mistake and not trained:
             CONSOLE.discard()
             return error
-        guard = self._get(self.config_init, "safety").divergence
+        safety = self._get(self.config_init, "safety")
+        guard, peers = safety.divergence, safety.peers
         line = describe_fault(error, self.trainer, self.run.directory, guard.first_step)
+        if peers.failed_first is not None:  # under DDP: which rank, since every rank's output shares the screen
+            line = f"rank {peers.failed_first} failed: {line}"
         if isinstance(error, FloatingPointError) and self.trainer.is_global_zero and self.run.subcommand == "fit":
             self.run.session.diverged = how_it_diverged(error, guard.first_step)
             print(fit_summary(self.trainer, self.run))
         CONSOLE.attach(self.run.directory, self.trainer.global_rank)
         report, problem = write_error_log(self.run.directory, error, line)
+        peers.reported()
         where = f"full report: {report}" if report is not None else "no report could be written"
         if problem and report is not None:
             where += f", cut short: {problem}"

@@ -30,6 +30,7 @@ from .checkpoint_io import AtomicCheckpointIO
 from .divergence import DivergenceGuard
 from .loggers import class_of
 from .random_state import RandomState
+from .rank_failure import RankFailureWatch
 from .resolution import CHECKPOINTS, LAST
 from .stop_on_signal import StopOnSignal
 
@@ -77,16 +78,17 @@ class Safety:
         self.last_every_n_train_steps = last_every_n_train_steps
         self.divergence = DivergenceGuard(max_nonfinite_steps)
         self.stop = StopOnSignal(requeue_signal)  # checks the name now: a bad one is refused before training
+        self.peers = RankFailureWatch()
 
     def callbacks(self, run_dir: Path) -> list[Callback]:
         """The callbacks to add to the user's list (checkpoint writers last, as Lightning orders them anyway)."""
         writers = [LastCheckpoint(run_dir)]
         if self.last_every_n_train_steps is not None:  # a second writer: ModelCheckpoint saves by epoch or by step
             writers.append(LastCheckpoint(run_dir, self.last_every_n_train_steps))
-        return [self.stop, RandomState(), self.divergence, *writers]
+        return [self.peers, self.stop, RandomState(), self.divergence, *writers]
 
 
-INSTALLED = (StopOnSignal, RandomState, DivergenceGuard, LastCheckpoint, AtomicCheckpointIO)
+INSTALLED = (RankFailureWatch, StopOnSignal, RandomState, DivergenceGuard, LastCheckpoint, AtomicCheckpointIO)
 
 
 def as_list(value: Any) -> list[Any]:

@@ -17,6 +17,12 @@ import time
 
 POLL_SECONDS = 0.5
 LAUNCHER_GONE = 1
+_ending_itself = threading.Event()
+
+
+def ending_on_its_own() -> None:
+    """This rank is ending with its own report (it failed first): its launcher's end no longer stops it."""
+    _ending_itself.set()
 
 
 def exit_when_launcher_dies() -> None:
@@ -28,6 +34,8 @@ def exit_when_launcher_dies() -> None:
     def watch() -> None:
         while os.getppid() == launcher:
             time.sleep(POLL_SECONDS)
+        if _ending_itself.is_set():
+            return
         rank = os.environ.get("RANK", os.environ["LOCAL_RANK"])
         print(f"error: the launcher of rank {rank} (pid {launcher}) is gone; this rank stops too", file=sys.stderr)
         os._exit(LAUNCHER_GONE)
