@@ -225,9 +225,9 @@ def rendered_files(project: Path) -> set[str]:
 @pytest.mark.parametrize("answers", COMBINATIONS, ids=lambda a: "-".join(a.values()) or "defaults")
 def test_render_gives_exactly_the_expected_files(bake, answers):
     project = bake(**answers)
-    assert project.name == "cifar-classifier"
     dataset = answers.get("dataset", "cifar10")
-    assert rendered_files(project) == expected_files("cifar_classifier", dataset)
+    assert project.name == ("photo-classifier" if dataset == "images" else "cifar-classifier")
+    assert rendered_files(project) == expected_files(project.name.replace("-", "_"), dataset)
 
     for name in sorted(rendered_files(project)):
         text = GITHUB_EXPRESSION.sub("", (project / name).read_text())  # GitHub's own ${{ }} are meant to stay
@@ -255,7 +255,7 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
     }
     kind = "images" if dataset == "images" else "cifar"
     network, settings = networks[kind, answers.get("backbone", "fastcnn")]
-    expected = {"class_path": f"cifar_classifier.models.backbones.{network}", "init_args": settings}
+    expected = {"class_path": f"{project.name.replace('-', '_')}.models.backbones.{network}", "init_args": settings}
     assert default["model"]["backbone"] == expected
 
 
@@ -416,3 +416,11 @@ def test_the_docs_name_what_a_user_edits_with_its_true_length(bake):
     for pattern, lines in rows.items():
         files = [path for path in package.glob(pattern) if path.name != "__init__.py"]
         assert int(lines) == sum(len(path.read_text().splitlines()) for path in files), pattern
+
+
+def test_an_images_render_speaks_of_the_users_photos(bake):
+    project = bake(dataset="images")
+    assert project.name == "photo-classifier"
+    readme, pyproject = (project / "README.md").read_text(), (project / "pyproject.toml").read_text()
+    assert readme.startswith("# Photo Classifier\n\nImage classification of your own photos")
+    assert 'description = "Image classification of your own photos' in pyproject

@@ -38,7 +38,7 @@ from {{ cookiecutter.import_name }}.models.backbones import (
 )
 from {{ cookiecutter.import_name }}.models.classifier import class_weights
 
-from .conftest import images_args, run_cli, write_image_folder
+from .conftest import PROJECT_ROOT, images_args, run_cli, write_image_folder
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)
 
@@ -174,6 +174,18 @@ def test_arrays_with_class_names(tmp_path, layout):
     assert found.layout == "arrays" and found.class_names == ["ant", "bee"]
     packed = pack(found, PackSettings(20, "crop"), tmp_path / "packed", workers=1)
     assert np.array_equal(np.load(packed.split("train").images), images.transpose(0, 3, 1, 2))
+
+
+def test_the_default_config_trains_on_a_folder_of_forty_photos(tmp_path):
+    # 36 training images after the validation split: fewer than the config's batch of 256, so the batch is
+    # lowered to the split (with a line saying so) instead of the run being refused.
+    photos = write_image_folder(tmp_path / "photos", classes=("ant", "bee", "cow", "doe"), per_class=10)
+    config = str(PROJECT_ROOT / "configs" / "images.yaml")
+    tiny = ["--trainer.accelerator=cpu", "--trainer.max_epochs=1", "--data.num_workers=0"]
+    result = run_cli("fit", "--config", config, f"--data.image_dir={photos}", *tiny, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert "more than the 36 training images; training with 36 per device instead" in output
+    assert "Batch: 36 per device = 36 images per optimizer step" in output
 
 
 @pytest.mark.parametrize(

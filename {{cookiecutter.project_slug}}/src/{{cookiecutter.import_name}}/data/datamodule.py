@@ -9,6 +9,7 @@ the augmentation of whole batches where they already are.
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,11 +190,7 @@ class ImageDataModule(L.LightningDataModule):
         self.predict_names = []  # test-set images are named by their index (predict_name)
         batches = self._derive_batch_sizes()
         if stage == "fit" and len(train) < batches.per_device * batches.devices:
-            knob = "data.global_batch_size" if self.global_batch_size is not None else "data.batch_size"
-            raise DataSettingError(
-                f"a batch of {batches.per_device} per device x {batches.devices} devices is more than the "
-                f"{len(train)} training images; lower {knob}"
-            )
+            self._fit_batch_to(len(train), batches)
         rank = self.trainer.global_rank if self.trainer is not None else 0
         self.seed = torch.initial_seed()  # the run's seed (seed_everything)
         self.augment = self.sized_augmentation()
@@ -211,6 +208,26 @@ class ImageDataModule(L.LightningDataModule):
             accumulated=trainer.accumulate_grad_batches if trainer is not None else 1,
         )
         return self.batches
+
+    def _fit_batch_to(self, images: int, batches: BatchSizes) -> None:
+        """A training split smaller than one batch on every device (a small folder of photos) trains on all of it.
+
+        The batch per device is lowered to what the split holds (the evaluation batch with it, unless
+        data.eval_batch_size is set), with a line saying so; a split too small for one image per device is refused.
+        """
+        fitted = images // batches.devices
+        if fitted < 1:
+            raise DataSettingError(
+                f"{images} training images cannot give each of {batches.devices} devices one; add images or use "
+                "fewer devices"
+            )
+        knob = "data.global_batch_size" if self.global_batch_size is not None else "data.batch_size"
+        evaluation = batches.eval_per_device if self.eval_batch_size is not None else fitted
+        self.batches = replace(batches, per_device=fitted, eval_per_device=evaluation)
+        rank_zero_info(
+            f"Data: a batch of {batches.per_device} per device x {batches.devices} devices is more than the {images} "
+            f"training images; training with {fitted} per device instead ({knob} sets it)"
+        )
 
     def _place_splits(self) -> None:
         """Copy the splits to the accelerator when ``storage`` says so (once: setup runs per stage)."""
