@@ -27,7 +27,7 @@ from .augment import BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
 from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, keep_batch
 from .errors import DataError, DataSettingError
-from .image_files import Resize, load_image_folder
+from .image_files import Interpolation, Resize, load_image_folder
 from .interfaces import HeldOutImages
 from .loader import FirstBatchStartLoader, TrainerEpochSampler
 
@@ -100,8 +100,9 @@ class ImageDataModule(L.LightningDataModule):
         """
         super().__init__()
         # The settings of this class and of the dataset's subclass, as the checkpoint and HPARAMS record them.
-        # The model records the resolved class names; a data class's unresolved default would clash with them.
-        self.save_hyperparameters(ignore=["class_names"])
+        # The model records the resolved class names and normalization; a data class's unresolved defaults
+        # (null: the network's, or ImageNet's) would clash with them.
+        self.save_hyperparameters(ignore=["class_names", "mean", "std"])
         sizes = (
             ("batch_size", batch_size),
             ("global_batch_size", global_batch_size or 1),
@@ -148,6 +149,8 @@ class ImageDataModule(L.LightningDataModule):
         self.mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
         self.std: tuple[float, float, float] = (0.25, 0.25, 0.25)
         self.resize: Resize = "crop"
+        self.interpolation: Interpolation = "bilinear"  # how images are resized (as pretrained weights expect)
+        self.crop_pct = 1.0  # the share of the shorter side a crop keeps
         self.class_counts: list[int] | None = None  # training images per class, when known before packing
         self.title = "images"  # how the data is named in messages
 
@@ -179,7 +182,8 @@ class ImageDataModule(L.LightningDataModule):
     def setup_own_predictions(self) -> None:
         """``predict`` on ``predict_dir``: its images, resized by the training images' rule."""
         self._derive_batch_sizes()
-        images, self.predict_names = load_image_folder(self.predict_dir, self.image_size, self.resize)
+        rule = (self.image_size, self.resize, self.interpolation, self.crop_pct)
+        images, self.predict_names = load_image_folder(self.predict_dir, *rule)
         self.predict_set = TensorBatches(images)
         self.seed = torch.initial_seed()
 

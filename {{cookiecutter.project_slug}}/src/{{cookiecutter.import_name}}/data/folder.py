@@ -24,7 +24,7 @@ from ..foundation.files import writable
 from .datamodule import ImageDataModule
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
-from .image_files import Resize
+from .image_files import Interpolation, Resize
 from .image_sources import LabelledImages, find_images
 from .packing import (
     IMBALANCE_RATIO,
@@ -93,6 +93,10 @@ class ImageFolderDataModule(ImageDataModule):
         on_bad_image: BadImagePolicy = "skip",
         pack_workers: int | None = None,
         class_names: list[str] | None = None,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        interpolation: Interpolation | None = None,
+        crop_pct: float | None = None,
         **kwargs: Any,
     ) -> None:
         """Configure the data.
@@ -113,11 +117,22 @@ class ImageFolderDataModule(ImageDataModule):
             pack_workers: Processes decoding images while packing; default: one per CPU core.
             class_names: The classes, where image_dir is not at hand (predict on a folder, or export, with a
                 checkpoint: they are taken from it); by default the class folders' names.
+            mean: Per-channel mean the network normalizes with; null: what the network's pretrained weights
+                expect (model.backbone's), else ImageNet's.
+            std: Per-channel standard deviation, as mean.
+            interpolation: How images are resized when packed (bilinear or bicubic); null: as the network's weights
+                expect, else bilinear.
+            crop_pct: With resize crop, the share of the shorter side kept (pretrained weights' evaluation crop:
+                the shorter side to image_size / crop_pct, then the centre); null: as the weights expect, else 1.
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
         super().__init__(**kwargs)
         check_choice("data.resize", resize, Resize)
         check_choice("data.on_bad_image", on_bad_image, BadImagePolicy)
+        if interpolation is not None:
+            check_choice("data.interpolation", interpolation, Interpolation)
+        if crop_pct is not None and not 0.5 <= crop_pct <= 1:
+            raise ValueError(f"data.crop_pct must be a share between 0.5 and 1, got {crop_pct}")
         if not 8 <= image_size <= 1024:
             raise ValueError(f"data.image_size must be between 8 and 1024 pixels, got {image_size}")
         if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
@@ -134,7 +149,10 @@ class ImageFolderDataModule(ImageDataModule):
         self.cache_dir = Path(cache_dir).expanduser()
         self.on_bad_image = on_bad_image
         self.pack_workers = pack_workers
-        self.mean, self.std = IMAGENET_MEAN, IMAGENET_STD
+        self.mean = tuple(mean) if mean is not None else IMAGENET_MEAN
+        self.std = tuple(std) if std is not None else IMAGENET_STD
+        self.interpolation: Interpolation = interpolation or "bilinear"
+        self.crop_pct = crop_pct or 1.0
         self.title = f"images of {self.image_dir}"
         self.packed: PackedImages | None = None
         self.tests_on_validation_set = False
@@ -163,7 +181,7 @@ class ImageFolderDataModule(ImageDataModule):
 
     @property
     def settings(self) -> PackSettings:
-        return PackSettings(self.image_size, self.resize)
+        return PackSettings(self.image_size, self.resize, self.interpolation, self.crop_pct)
 
     @classmethod
     def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
@@ -171,7 +189,12 @@ class ImageFolderDataModule(ImageDataModule):
         if stage == "predict" and settings.get("predict_dir"):
             return f"images:{settings['predict_dir']}"
         found = labelled_images(settings.get("image_dir", "data/images"))
-        pack_settings = PackSettings(int(settings.get("image_size", 64)), settings.get("resize", "crop"))
+        pack_settings = PackSettings(
+            int(settings.get("image_size", 64)),
+            settings.get("resize", "crop"),
+            settings.get("interpolation") or "bilinear",
+            settings.get("crop_pct") or 1.0,
+        )
         cache_dir = Path(settings.get("cache_dir", "data/packed")).expanduser()
         if not writable(cache_dir):  # refused before anything is built, unless a whole copy is there to read
             packed_read_only(cache_dir, found, pack_settings)

@@ -33,9 +33,11 @@ from .errors import DataSettingError
 log = logging.getLogger(__name__)
 
 Resize = Literal["crop", "pad", "stretch"]
+Interpolation = Literal["bilinear", "bicubic"]  # what pretrained weights were trained with (timm's pretrained_cfg)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 FLATTEN_ONTO = (255, 255, 255)  # the background transparent pixels are flattened onto
-RESAMPLING = Image.Resampling.BILINEAR  # antialiased when shrinking (PIL filters over the whole footprint)
+# Antialiased when shrinking (PIL filters over the whole footprint).
+RESAMPLING = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
 
 class BadImageError(Exception):
@@ -66,18 +68,35 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB") if image.mode != "RGB" else image
 
 
-def fit_to_square(image: Image.Image, size: int, resize: Resize = "crop") -> Image.Image:
-    """An RGB image as ``size`` x ``size`` by the rule ``resize`` (crop, pad or stretch)."""
+def fit_to_square(
+    image: Image.Image,
+    size: int,
+    resize: Resize = "crop",
+    interpolation: Interpolation = "bilinear",
+    crop_pct: float = 1.0,
+) -> Image.Image:
+    """An RGB image as ``size`` x ``size`` by the rule ``resize`` (crop, pad or stretch).
+
+    ``crop_pct`` < 1 (crop only) is the evaluation resize pretrained weights expect: the shorter side
+    to ``size / crop_pct``, then the centre ``size`` x ``size``.
+    """
+    method = RESAMPLING[interpolation]
     if resize == "crop":
-        return ImageOps.fit(image, (size, size), method=RESAMPLING)
+        if crop_pct < 1:
+            scale = size / crop_pct / min(image.size)
+            width, height = (max(size, round(side * scale)) for side in image.size)
+            image = image.resize((width, height), method)
+        return ImageOps.fit(image, (size, size), method=method)
     if resize == "pad":
-        return ImageOps.pad(image, (size, size), method=RESAMPLING, color=(0, 0, 0))
+        return ImageOps.pad(image, (size, size), method=method, color=(0, 0, 0))
     if resize == "stretch":
-        return image.resize((size, size), RESAMPLING)
+        return image.resize((size, size), method)
     raise ValueError(f"resize must be crop, pad or stretch, got {resize!r}")
 
 
-def decode_image(path: Path, size: int, resize: Resize = "crop") -> np.ndarray:
+def decode_image(
+    path: Path, size: int, resize: Resize = "crop", interpolation: Interpolation = "bilinear", crop_pct: float = 1.0
+) -> np.ndarray:
     """The file at ``path`` as uint8 (size, size, 3); raises ``BadImageError`` when it is not a readable image."""
     try:
         if path.stat().st_size == 0:
@@ -87,13 +106,14 @@ def decode_image(path: Path, size: int, resize: Resize = "crop") -> np.ndarray:
             with Image.open(path) as image:
                 if image.format == "JPEG" and resize != "pad":
                     # Shrinks by a power of two while decoding, never below size x size.
-                    image.draft("RGB", (size, size))
+                    image.draft("RGB", (round(size / crop_pct), round(size / crop_pct)))
                 elif image.format == "JPEG":
                     longer = max(image.size)
                     image.draft("RGB", (image.size[0] * size // longer, image.size[1] * size // longer))
                 image.load()  # PIL reads lazily: a truncated file fails here, not in open()
                 upright = ImageOps.exif_transpose(image)
-                pixels = np.asarray(fit_to_square(to_rgb(upright), size, resize), dtype=np.uint8)
+                square = fit_to_square(to_rgb(upright), size, resize, interpolation, crop_pct)
+                pixels = np.asarray(square, dtype=np.uint8)
     except BadImageError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
@@ -102,14 +122,23 @@ def decode_image(path: Path, size: int, resize: Resize = "crop") -> np.ndarray:
     return pixels
 
 
-def resize_array(pixels: np.ndarray, size: int, resize: Resize = "crop") -> np.ndarray:
+def resize_array(
+    pixels: np.ndarray,
+    size: int,
+    resize: Resize = "crop",
+    interpolation: Interpolation = "bilinear",
+    crop_pct: float = 1.0,
+) -> np.ndarray:
     """An (H, W, 3) uint8 image as (size, size, 3) by the same rule as files."""
-    if pixels.shape[:2] == (size, size):
+    if pixels.shape[:2] == (size, size) and crop_pct == 1:
         return pixels
-    return np.asarray(fit_to_square(Image.fromarray(pixels, "RGB"), size, resize), dtype=np.uint8)
+    square = fit_to_square(Image.fromarray(pixels, "RGB"), size, resize, interpolation, crop_pct)
+    return np.asarray(square, dtype=np.uint8)
 
 
-def load_image_folder(folder: Path, size: int, resize: Resize = "crop") -> tuple[Tensor, list[str]]:
+def load_image_folder(
+    folder: Path, size: int, resize: Resize = "crop", interpolation: Interpolation = "bilinear", crop_pct: float = 1.0
+) -> tuple[Tensor, list[str]]:
     """Every image under ``folder`` as uint8 (N, 3, size, size), with its path relative to ``folder``, sorted.
 
     For ``predict``: a file that cannot be read as an image is skipped with a one-line warning
@@ -121,7 +150,7 @@ def load_image_folder(folder: Path, size: int, resize: Resize = "crop") -> tuple
     images, names = [], []
     for path in sorted(p for p in folder.rglob("*") if is_image_file(p) and p.is_file()):
         try:
-            pixels = decode_image(path, size, resize)
+            pixels = decode_image(path, size, resize, interpolation, crop_pct)
         except BadImageError as error:
             if rank_zero_only.rank == 0:
                 log.warning("skipped %s: not a readable image (%s)", path, error)

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from ..foundation.converted_copy import ConvertedCopy, SplitArrays
 from ..foundation.files import NoSpaceError, writable
 from .errors import DataError, DataSettingError
-from .image_files import BadImageError, Resize, decode_image, resize_array
+from .image_files import BadImageError, Interpolation, Resize, decode_image, resize_array
 from .image_sources import LabelledImages, read_array_images
 
 PACK_FORMAT_VERSION = 1
@@ -46,6 +46,13 @@ class PackSettings:
 
     image_size: int
     resize: Resize
+    interpolation: Interpolation = "bilinear"
+    crop_pct: float = 1.0
+
+    def recorded(self) -> dict[str, Any]:
+        """What names the copy: the settings, the ones at their defaults left out (copies of earlier releases)."""
+        defaults = {"interpolation": "bilinear", "crop_pct": 1.0}
+        return {key: value for key, value in vars(self).items() if defaults.get(key, object()) != value}
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ class PackedImages:
 def manifest_digest(found: LabelledImages, settings: PackSettings) -> str:
     """The hex SHA-256 of what the packed pixels depend on (no pixel is read)."""
     digest = hashlib.sha256()
-    header = {"version": PACK_FORMAT_VERSION, "settings": vars(settings), "classes": found.class_names}
+    header = {"version": PACK_FORMAT_VERSION, "settings": settings.recorded(), "classes": found.class_names}
     digest.update(json.dumps(header, sort_keys=True).encode())
     for split in sorted(found.splits):
         for entry in found.splits[split]:
@@ -108,23 +115,27 @@ def open_packed(folder: Path) -> PackedImages | None:
 _arrays: dict[Path, np.ndarray] = {}
 
 
-def _decode(task: tuple[str, str, int, str]) -> tuple[bytes | None, str]:
-    root, key, size, resize = task
+# A task: the source folder, the image's key, and the rule (size, resize, interpolation, crop share).
+Task = tuple[str, str, tuple[int, str, str, float]]
+
+
+def _decode(task: Task) -> tuple[bytes | None, str]:
+    root, key, rule = task
     if ":" in key and key.split(":", 1)[0].endswith(".npy"):  # a row of an array file
         name, row = key.rsplit(":", 1)
         path = Path(root, name)
         if path not in _arrays:
             _arrays[path] = read_array_images(path)
-        pixels = resize_array(np.ascontiguousarray(_arrays[path][int(row)]), size, resize)  # type: ignore[arg-type]
+        pixels = resize_array(np.ascontiguousarray(_arrays[path][int(row)]), *rule)  # type: ignore[arg-type]
         return pixels.transpose(2, 0, 1).tobytes(), ""
     try:
-        pixels = decode_image(Path(root, key), size, resize)  # type: ignore[arg-type]
+        pixels = decode_image(Path(root, key), *rule)  # type: ignore[arg-type]
     except BadImageError as error:
         return None, str(error)
     return pixels.transpose(2, 0, 1).tobytes(), ""
 
 
-def _decoded(tasks: list[tuple[str, str, int, str]], workers: int) -> Iterator[tuple[bytes | None, str]]:
+def _decoded(tasks: list[Task], workers: int) -> Iterator[tuple[bytes | None, str]]:
     if workers <= 1 or len(tasks) < 64:
         yield from map(_decode, tasks)
         return
@@ -168,7 +179,8 @@ def _write_split(
     shape = (len(entries), 3, size, size)
     images = np.lib.format.open_memmap(partial / f"{split}_images.npy", mode="w+", dtype=np.uint8, shape=shape)
     labels, keys, bad = [], [], []
-    tasks = [(str(found.root), entry.key, size, settings.resize) for entry in entries]
+    rule = (size, settings.resize, settings.interpolation, settings.crop_pct)
+    tasks = [(str(found.root), entry.key, rule) for entry in entries]
     for entry, (pixels, reason) in zip(entries, _decoded(tasks, workers), strict=True):
         bar.update(1)
         if pixels is None:
@@ -211,8 +223,7 @@ def _pack_into(partial: Path, found: LabelledImages, settings: PackSettings, wor
         "format_version": PACK_FORMAT_VERSION,
         "source": str(found.root),
         "layout": found.layout,
-        "image_size": settings.image_size,
-        "resize": settings.resize,
+        **settings.recorded(),
         "class_names": found.class_names,
         "counts": counts,
         "class_counts": class_counts,

@@ -41,7 +41,7 @@ from .summary import evaluation_summary, fit_summary
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Data settings an evaluation takes from the checkpoint: the images are made as in training, and the
 # classes are known without the training images (predicting a new folder needs only the checkpoint).
-TRAINED_DATA_SETTINGS = ("image_size", "resize", "class_names")
+TRAINED_DATA_SETTINGS = ("image_size", "resize", "class_names", "mean", "std", "interpolation", "crop_pct")
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
@@ -56,6 +56,23 @@ def data_fingerprint(subcommand: str, data: Namespace) -> str:
         settings = data.init_args.as_dict() if data.get("init_args") is not None else {}
         return datamodule_class.data_fingerprint(settings, subcommand)
     return ""
+
+
+def fill_expected_input(config: Namespace) -> None:
+    """Data settings left null take what the network's pretrained weights expect (``expected_input`` of the backbone).
+
+    Before the run is named and anything is packed: the packed copy, the normalization, ``predict``
+    and the export all follow the weights (a network trained with mean 0.5 is not fed ImageNet's).
+    """
+    backbone, data = config.model.get("backbone"), config.data.get("init_args")
+    if not isinstance(backbone, Namespace) or not backbone.get("class_path") or data is None:
+        return
+    module, name = backbone.class_path.rsplit(".", 1)
+    expected = getattr(getattr(importlib.import_module(module), name, None), "expected_input", None)
+    settings = backbone.init_args.as_dict() if backbone.get("init_args") is not None else {}
+    for key, value in ((expected(settings) or {}) if callable(expected) else {}).items():
+        if key in data and data[key] is None:
+            data[key] = value
 
 
 def constructor_error(error: ValueError) -> ValueError:
@@ -138,6 +155,7 @@ class TrainerCLI(LightningCLI):
             return
         config = self.config[subcommand]
         check_user_parts(config.trainer)
+        fill_expected_input(config)
         parser = self._parser(subcommand)
         data = data_fingerprint(subcommand, config.data)
         identity = RunIdentity.of(resolved_config(parser, config), data)
@@ -166,7 +184,9 @@ class TrainerCLI(LightningCLI):
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         # The images are made as the model saw them in training (a model trained at 64 px is evaluated at 64 px).
         data = self.config[subcommand].data
-        trained = {**stored.get("datamodule_hyper_parameters", {}), "class_names": hparams.get("class_names")}
+        # The classes and the normalization are the model's (resolved); the data records the rest.
+        resolved = {key: hparams.get(key) for key in ("class_names", "mean", "std")}
+        trained = {**stored.get("datamodule_hyper_parameters", {}), **resolved}
         for key in TRAINED_DATA_SETTINGS:
             if trained.get(key) is not None and data.get("init_args") is not None and key in data.init_args:
                 data.init_args[key] = trained[key]

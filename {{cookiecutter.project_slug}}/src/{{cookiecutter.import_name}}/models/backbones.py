@@ -272,6 +272,142 @@ class TorchvisionNet(nn.Module):
         return self.get_submodule(self.head_name)
 
 
+class TimmNet(nn.Module):
+    """Any of timm's networks (pytorch-image-models) by name, from its pretrained weights, with a head for your classes.
+
+    The best start for a folder of your own photos: over a thousand ImageNet-pretrained networks, each
+    weight set with its own preprocessing (``pretrained_cfg``: mean and std, interpolation, crop share),
+    which ``expected_input`` tells the data before anything is packed. timm replaces the classifier head
+    for ``num_classes`` and loads the rest. The weights come from the Hugging Face cache (``HF_HUB_OFFLINE=1``
+    works once they are there), or from a local file through timm's own route (``weights_path``).
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        name: str = "resnet50.a1_in1k",
+        pretrained: bool = True,
+        weights_path: str | None = None,
+        drop_rate: float = 0.0,
+        drop_path_rate: float | None = None,
+    ) -> None:
+        """Build the network.
+
+        Args:
+            num_classes: Number of classes (given by the model).
+            name: A timm model, with its weights' tag: resnet50.a1_in1k, convnext_tiny.fb_in22k, efficientnet_b0,
+                tf_efficientnet_lite0, vit_small_patch16_224.augreg_in21k_ft_in1k, ... (timm.list_pretrained()).
+            pretrained: Start from the name's pretrained weights (false: random initialization).
+            weights_path: A local weights file (.safetensors, .pth or .bin) of the same network, for machines
+                without network access; loaded as timm loads its own.
+            drop_rate: Dropout before the classifier head.
+            drop_path_rate: Stochastic depth of the residual blocks (networks that have them; null: the network's).
+        """
+        super().__init__()
+        import timm  # imported when a timm network is asked for: the CLI starts without it
+
+        _check_timm_name(name, pretrained and not weights_path)
+        options: dict[str, Any] = {"num_classes": num_classes, "drop_rate": drop_rate}
+        if drop_path_rate is not None:
+            options["drop_path_rate"] = drop_path_rate
+        if weights_path:
+            path = Path(weights_path).expanduser()
+            if not path.is_file():
+                raise ValueError(f"model.backbone.weights_path={path} does not exist; point it at a weights file")
+            _check_weights_file(name, path)
+            options["pretrained_cfg_overlay"] = {"file": str(path)}
+        try:
+            self.network = timm.create_model(name, pretrained=pretrained or bool(weights_path), **options)
+        except Exception as error:  # the hub: no network and no cached copy (OSError, the hub's own errors)
+            raise ValueError(
+                f"the pretrained weights of {name} are not in the Hugging Face cache and could not be downloaded "
+                f"({type(error).__name__}); download them where there is network access "
+                f"(timm.create_model({name!r}, pretrained=True) fills the cache, HF_HOME says where) and copy the "
+                "cache here, or pass the weights file as model.backbone.weights_path"
+            ) from error
+
+    @staticmethod
+    def expected_input(settings: dict[str, Any]) -> dict[str, Any] | None:
+        """The preprocessing the named weights were trained with (mean, std, interpolation, crop share), or None.
+
+        Read from timm's registry without building the network, so the data can pack and normalize
+        the images as the weights expect before the model exists.
+        """
+        if not settings.get("pretrained", True) and not settings.get("weights_path"):
+            return None
+        import timm
+
+        config = timm.models.get_pretrained_cfg(settings.get("name", "resnet50.a1_in1k"))
+        if config is None:
+            return None
+        return {
+            "mean": tuple(config.mean),
+            "std": tuple(config.std),
+            "interpolation": config.interpolation if config.interpolation in ("bilinear", "bicubic") else "bilinear",
+            "crop_pct": float(config.crop_pct),
+        }
+
+    @override
+    def forward(self, images: Tensor) -> Tensor:
+        return self.network(images)
+
+    def head(self) -> nn.Module:
+        """The classifier head timm made for ``num_classes``: what trains while the rest is frozen."""
+        return self.network.get_classifier()
+
+
+def _check_timm_name(name: str, wants_weights: bool) -> None:
+    """One line for a name timm does not know (with the closest it does), or one without pretrained weights."""
+    import difflib
+
+    import timm
+
+    if not timm.is_model(name):
+        known = timm.list_pretrained() or timm.list_models()
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5) or difflib.get_close_matches(
+            name.split(".")[0], timm.list_models(), n=3, cutoff=0.5
+        )
+        hint = f"the closest it knows: {', '.join(close)}" if close else "see timm.list_models()"
+        raise ValueError(f"model.backbone.name {name!r} is not a timm model; {hint}")
+    if wants_weights and not (timm.list_pretrained(name) or timm.list_pretrained(f"{name}.*")):
+        tagged = timm.list_pretrained(f"{name.split('.')[0]}.*")[:3]
+        offer = f"its pretrained weights: {', '.join(tagged)}" if tagged else "timm.list_pretrained() lists them"
+        raise ValueError(
+            f"model.backbone.name {name!r} has no pretrained weights in timm; choose a name with weights ({offer}), "
+            "or set model.backbone.pretrained false"
+        )
+
+
+def _check_weights_file(name: str, path: Path) -> None:
+    """Refuse a file that is not of ``name``'s network (timm itself only logs keys it could not place).
+
+    The classifier may differ (a file of the same network fine-tuned to other classes): it is replaced anyway.
+    """
+    import timm
+
+    try:
+        state = timm.models.load_state_dict(str(path))
+    except Exception as error:  # a damaged or foreign file raises many types
+        raise ValueError(f"model.backbone.weights_path={path} is not a readable weights file ({error})") from error
+    reference = timm.create_model(name, pretrained=False)
+    classifier = tuple(f"{head}." for head in _as_tuple(reference.pretrained_cfg.get("classifier")))
+    expected = {key: value.shape for key, value in reference.state_dict().items() if not key.startswith(classifier)}
+    given = {key: value.shape for key, value in state.items() if not key.startswith(classifier)}
+    missing, unexpected = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
+    shapes = [key for key in expected if key in given and given[key] != expected[key]]
+    if missing or unexpected or shapes:
+        parts = [
+            f"{label} {keys[:3]}{' ...' if len(keys) > 3 else ''}"
+            for label, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes for", shapes))
+            if keys
+        ]
+        raise ValueError(f"model.backbone.weights_path={path} are not weights of timm's {name} ({'; '.join(parts)})")
+
+
+def _as_tuple(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
 def _last_linear(network: nn.Module) -> str:
     names = [name for name, module in network.named_modules() if isinstance(module, nn.Linear)]
     if not names:

@@ -15,9 +15,9 @@ CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
 
 
 RESIZE_RULES = {
-    "crop": "shorter side scaled to {size} px (bilinear, antialiased), then the centre {size}x{size} square",
-    "pad": "longer side scaled to {size} px (bilinear, antialiased), then padded with black to {size}x{size}",
-    "stretch": "each side scaled to {size} px (bilinear, antialiased)",
+    "crop": "shorter side scaled to {scaled} px ({interpolation}, antialiased), then the centre {size}x{size} square",
+    "pad": "longer side scaled to {size} px ({interpolation}, antialiased), then padded with black to {size}x{size}",
+    "stretch": "each side scaled to {size} px ({interpolation}, antialiased)",
 }
 
 
@@ -25,7 +25,9 @@ def resize_rule(checkpoint: dict, size: int) -> str:
     """How an image of any size became the network's input in training (PIL, after EXIF rotation, as RGB)."""
     settings = checkpoint.get("datamodule_hyper_parameters", {})
     rule = settings.get("resize", "stretch" if "dataset" in settings else "crop")
-    return RESIZE_RULES.get(rule, rule).format(size=size)
+    interpolation, crop_pct = settings.get("interpolation") or "bilinear", settings.get("crop_pct") or 1.0
+    scaled = f"{size}" if crop_pct == 1 else f"{round(size / crop_pct)} ({size} / crop share {crop_pct})"
+    return RESIZE_RULES.get(rule, rule).format(size=size, scaled=scaled, interpolation=interpolation)
 
 
 def backbone_settings(model: ImageClassifier, checkpoint: dict) -> dict:
