@@ -73,9 +73,10 @@ def test_class_names_must_match_the_archive(data_dir):
         ready(data_dir, class_names=[f"c{i}" for i in range(len(DATASET.class_names))])
 
 
-def test_batch_larger_than_the_training_set_is_refused(data_dir):
-    with pytest.raises(DataError, match=r"lower data\.batch_size"):
-        ready(data_dir, batch_size=1000, val_size=32)
+def test_a_batch_larger_than_the_training_set_is_lowered_to_it(data_dir):
+    data = ready(data_dir, batch_size=1000, val_size=32)  # 160 training images
+    assert (data.batches.per_device, data.batches.eval_per_device) == (160, 160)
+    assert len(data.train_dataloader()) == 1
 
 
 @pytest.mark.parametrize(
