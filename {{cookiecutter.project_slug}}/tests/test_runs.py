@@ -100,7 +100,12 @@ BAD_INPUTS = [
     ("missing-data-folder", ["--data.data_dir=nosuch", "--data.download=false"], 1, "data.data_dir"),
     ("damaged-archive", ["--data.data_dir=bad_data", "--trainer.logger.init_args.name=bad"], 1, "bad_data"),
     ("val-size-too-large", ["--data.val_size=100000", "--trainer.max_epochs=2"], 2, "data.val_size"),
-    ("batch-too-large", ["--data.batch_size=100000", "--trainer.max_epochs=2"], 2, "data.batch_size"),
+    (
+        "global-batch-indivisible",
+        ["--data.global_batch_size=33", "--trainer.accumulate_grad_batches=2", "--trainer.max_epochs=2"],
+        2,
+        "data.global_batch_size=33 does not divide",
+    ),
     ("bad-value", ["--model.lr_schedule.warmup_fraction=2"], 2, "model.lr_schedule.warmup_fraction"),
     ("network-without-num-classes", ["--model.backbone=torch.nn.Identity"], 2, "model.backbone Identity("),
     ("output-not-a-folder", ["--trainer.logger.init_args.save_dir=a_file/runs"], 1, "save_dir"),
