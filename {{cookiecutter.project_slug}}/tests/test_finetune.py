@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import huggingface_hub
 import numpy as np
 import pytest
 import timm
@@ -28,10 +29,16 @@ TIMM_NET = "{{ cookiecutter.import_name }}.models.backbones.TimmNet"
 
 @pytest.fixture
 def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """An empty Hugging Face cache that may not download: the environment of a machine without network."""
+    """An empty Hugging Face cache that may not download: the environment of a machine without network.
+
+    Returned for the CLI's subprocesses; in this process, huggingface_hub read its environment when
+    it was imported, so its settings are set too.
+    """
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     return env
 
 
