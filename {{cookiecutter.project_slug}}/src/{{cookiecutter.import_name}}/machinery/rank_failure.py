@@ -36,6 +36,7 @@ from .launch import ending_on_its_own
 
 POLL_SECONDS = 0.5
 REPORT_WAIT = timedelta(seconds=20)  # how long a stopped rank waits for the failing rank's report
+GONE_GRACE_SECONDS = 10.0  # how long a rank whose rank 0 vanished waits for its own end before stopping
 GRACE_SECONDS = 1.0  # then for its line: a launcher that ends the job on the first exit must not cut it short
 STORE_TIMEOUT = timedelta(seconds=10)
 STOPPED = 1  # the exit status of a rank stopped because another failed
@@ -126,9 +127,11 @@ class RankFailureWatch(Callback):
             try:
                 if not store.check([first]):
                     continue
-            except Exception:  # the store's host ended (Lightning's or SLURM's rank 0 process)
-                if self.failed_first is None and not self._done.is_set():
-                    self._stop(store, gone=True)
+            except Exception:  # the store's host ended: rank 0's process (under Lightning's launcher or SLURM)
+                # Rank 0 ends first at a normal end too: this rank is then about to end as well.
+                if self._done.wait(GONE_GRACE_SECONDS) or self.failed_first is not None:
+                    return
+                self._stop(store, gone=True)
                 return
             if store.get(first).decode().split("\t", 1)[0] != str(self.rank):  # not this rank's own word
                 self._stop(store)
