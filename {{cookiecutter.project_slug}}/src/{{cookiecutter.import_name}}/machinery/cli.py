@@ -48,10 +48,15 @@ def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
     return json.loads(parser.dump(config, format="json", skip_check=True))
 
 
+def imported(class_path: str) -> Any:
+    """The class a config names by ``class_path`` (jsonargparse has imported its module already)."""
+    module, name = class_path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
 def data_fingerprint(subcommand: str, data: Namespace) -> str:
     """What the command reads, as the data module says (a data module that cannot say: its config stands for it)."""
-    module, name = data.class_path.rsplit(".", 1)
-    datamodule_class = getattr(importlib.import_module(module), name)
+    datamodule_class = imported(data.class_path)
     if isinstance(datamodule_class, Fingerprinted):
         settings = data.init_args.as_dict() if data.get("init_args") is not None else {}
         return datamodule_class.data_fingerprint(settings, subcommand)
@@ -67,8 +72,7 @@ def fill_expected_input(config: Namespace) -> None:
     backbone, data = config.model.get("backbone"), config.data.get("init_args")
     if not isinstance(backbone, Namespace) or not backbone.get("class_path") or data is None:
         return
-    module, name = backbone.class_path.rsplit(".", 1)
-    expected = getattr(getattr(importlib.import_module(module), name, None), "expected_input", None)
+    expected = getattr(imported(backbone.class_path), "expected_input", None)
     settings = backbone.init_args.as_dict() if backbone.get("init_args") is not None else {}
     for key, value in ((expected(settings) or {}) if callable(expected) else {}).items():
         if key in data and data[key] is None:

@@ -272,6 +272,9 @@ class TorchvisionNet(nn.Module):
         return self.get_submodule(self.head_name)
 
 
+DEFAULT_TIMM_NETWORK = "resnet50.a1_in1k"
+
+
 class TimmNet(nn.Module):
     """Any of timm's networks (pytorch-image-models) by name, from its pretrained weights, with a head for your classes.
 
@@ -285,7 +288,7 @@ class TimmNet(nn.Module):
     def __init__(
         self,
         num_classes: int,
-        name: str = "resnet50.a1_in1k",
+        name: str = DEFAULT_TIMM_NETWORK,
         pretrained: bool = True,
         weights_path: str | None = None,
         drop_rate: float = 0.0,
@@ -337,7 +340,7 @@ class TimmNet(nn.Module):
             return None
         import timm
 
-        config = timm.models.get_pretrained_cfg(settings.get("name", "resnet50.a1_in1k"))
+        config = timm.models.get_pretrained_cfg(settings.get("name", DEFAULT_TIMM_NETWORK))
         if config is None:
             return None
         return {
