@@ -97,3 +97,33 @@ def test_cutout_zeroes_one_square_per_image():
         assert 0 < area <= 64 and area == len(rows) * len(cols)  # one (possibly clipped) rectangle
         assert len(rows) <= 8 and len(cols) <= 8
     assert out.dtype == torch.uint8 and (out[out != 0] == 200).all()
+
+
+@pytest.mark.parametrize(("mixup", "cutmix"), [(0.2, 0.0), (0.0, 1.0), (0.2, 1.0)], ids=["mixup", "cutmix", "both"])
+def test_mixing_gives_label_shares_that_match_the_pixels_and_replays_on_resume(mixup, cutmix):
+    images, labels = batch(), torch.arange(16) % 4
+    augment = BatchAugment(crop_padding=0, flip="none", mixup_alpha=mixup, cutmix_alpha=cutmix, num_classes=4)
+    augment.seed(5)
+    draws = [augment.mix(augment(images, epoch=1), labels) for _ in range(3)]
+    for mixed, shares in draws:
+        assert mixed.dtype == torch.float32 and shares.shape == (16, 4)
+        assert torch.allclose(shares.sum(dim=1), torch.ones(16))
+        # Each image is its own and its neighbour's pixels in its label's shares (torchvision rolls the batch by one).
+        own = shares[torch.arange(16), labels]
+        neighbour = shares[torch.arange(16), labels.roll(1)]
+        assert torch.allclose(own + neighbour, torch.ones(16))
+        assert torch.allclose(mixed.mean(dim=(1, 2, 3)), own * images.float().mean(dim=(1, 2, 3))
+                              + neighbour * images.roll(1, 0).float().mean(dim=(1, 2, 3)), rtol=0.05)  # fmt: skip
+    assert not torch.equal(draws[0][1], draws[1][1])  # a new draw each batch
+    resumed = BatchAugment(crop_padding=0, flip="none", mixup_alpha=mixup, cutmix_alpha=cutmix, num_classes=4)
+    resumed.seed(5)
+    resumed.resume_at(1, 2)  # batches 0 and 1 of epoch 1 were trained before the stop
+    mixed, shares = resumed.mix(resumed(images, epoch=1), labels)
+    assert torch.equal(mixed, draws[2][0]) and torch.equal(shares, draws[2][1])
+
+
+def test_no_mixing_leaves_the_labels_as_classes():
+    images, labels = batch(), torch.arange(16) % 4
+    assert BatchAugment().mix(images, labels) == (images, labels)
+    with pytest.raises(ValueError, match="mixup_alpha"):
+        BatchAugment(mixup_alpha=-1.0)

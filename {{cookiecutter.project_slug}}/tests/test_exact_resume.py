@@ -128,6 +128,9 @@ def assert_same_run(reference: Path, resumed: Path, compare_scalars: bool = True
         else:
             assert_same(checkpoints[0][entry], checkpoints[1][entry], entry)
     assert_same(checkpoints[0]["callbacks"]["RandomState"], checkpoints[1]["callbacks"]["RandomState"], "random state")
+    for entry in ("current_model_state", "averaging_state"):  # weight averaging's training weights and counter
+        if entry in checkpoints[0]:
+            assert_same(checkpoints[0][entry], checkpoints[1].get(entry), entry)
     if not compare_scalars:
         return
     expected_scalars, actual_scalars = scalars(expected), scalars(actual)
@@ -258,6 +261,19 @@ def test_a_run_on_a_folder_of_images_stopped_mid_epoch_resumes_to_exactly_the_un
     # 54 training images in 6 batches of 8 after the held-out quarter; two loader workers over the packed copy.
     args = images_args("data/images", "--trainer.max_epochs=3", "--data.num_workers=2", KILL_PROBE)
     reference_and_resumed(tmp_path, reference, args, [kill], write_data=image_folder)
+
+
+@pytest.mark.every_render
+def test_the_finetune_recipe_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference):
+    # Both copies of the averaged weights, the MixUp/CutMix draws, the head-then-body freeze and the body's own
+    # learning rate, on a small timm network (random weights: resuming does not depend on where they came from).
+    preset = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "finetune.yaml")]
+    network = ["--model.backbone.name=resnet10t", "--model.backbone.pretrained=false", "--data.cutmix_alpha=1.0"]
+    tiny = ["--data.image_size=32", "--data.batch_size=8", "--trainer.max_epochs=3", "--data.num_workers=2"]
+    args = images_args("data/images", *preset, *network, *tiny, KILL_PROBE)
+    reference_and_resumed(tmp_path, reference, args, ["train_batch:1:3@SIGTERM"], write_data=image_folder)
+    last = torch.load(next(tmp_path.glob("runs/*/*/checkpoints/last.ckpt")), weights_only=True)
+    assert "current_model_state" in last and int(last["averaging_state"]["n_averaged"]) == 3 * 6
 
 
 # Stacked configs that replace a default list (lists are replaced, not merged): what the run relies

@@ -103,6 +103,31 @@ def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_triangle_schedule
     assert factor(10) == pytest.approx(0.2 + 0.8 * 10 / 25) and factor(60) == pytest.approx(1 - 0.93 * 35 / 75)
 
 
+def test_the_pretrained_body_gets_its_own_learning_rate_and_the_head_the_full_one():
+    model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH, backbone_lr_scale=0.1, norm_bias_lr_scale=4.0)
+    model.trainer = L.Trainer(accelerator="cpu", max_steps=100, logger=False)
+    groups = {group["name"]: group for group in model.configure_optimizers()["optimizer"].param_groups}
+    assert set(groups) == {"body", "body_norm_biases", "head"}
+    head = [m for m in model.backbone.modules() if isinstance(m, torch.nn.Linear)][-1].parameters()
+    assert {id(p) for p in groups["head"]["params"]} == {id(p) for p in head}
+    assert groups["body"]["lr"] == pytest.approx(groups["head"]["lr"] * 0.1)
+    assert groups["body_norm_biases"]["lr"] == pytest.approx(groups["head"]["lr"] * 0.4)
+    assert groups["body"]["weight_decay"] == groups["head"]["weight_decay"]  # a slower body decays less per step
+    assert groups["body_norm_biases"]["weight_decay"] == pytest.approx(groups["head"]["weight_decay"] / 4)
+    assert sum(len(g["params"]) for g in groups.values()) == len(list(model.parameters()))
+
+
+def test_a_training_step_takes_mixed_labels_and_counts_the_larger_share():
+    model = ImageClassifier(num_classes=3, backbone=TINY_FASTCNN)
+    images = torch.randint(0, 256, (4, 3, 32, 32)).float()
+    shares = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.6, 0.4], [0.2, 0.0, 0.8], [1.0, 0.0, 0.0]])
+    loss = model.training_step((images, shares), 0)
+    logits = model(images)
+    assert loss.item() == pytest.approx(F.cross_entropy(logits, shares, label_smoothing=0.1).item(), rel=1e-5)
+    hits = int((logits.argmax(dim=1) == torch.tensor([0, 1, 2, 0])).sum())
+    assert model.training_totals.images == 4 and int(model.training_totals.sums[1]) == hits
+
+
 class RecordedViews(FlipTranslate):
     """FlipTranslate that notes each time all of its views are spent."""
 

@@ -9,10 +9,12 @@ from .model_report import ModelReport
 from .prediction_writer import PredictionWriter
 from .sample_grid import SampleGrid
 from .throughput import ImageThroughput
+from .weight_averaging import EMAWeights
 from .whitening import WhiteningFit
 
 __all__ = [
     "ConfusionMatrix",
+    "EMAWeights",
     "FreezeBackbone",
     "GradScaleWatchdog",
     "GradientHistograms",

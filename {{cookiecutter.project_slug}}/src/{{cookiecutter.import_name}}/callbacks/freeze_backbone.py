@@ -4,18 +4,9 @@ from __future__ import annotations
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
-from torch import nn
 from typing_extensions import override
 
-
-def head_of(backbone: nn.Module) -> nn.Module:
-    """The backbone's classifier head: what its ``head()`` names, else its last linear layer."""
-    if callable(getattr(backbone, "head", None)):
-        return backbone.head()
-    linears = [module for module in backbone.modules() if isinstance(module, nn.Linear)]
-    if not linears:
-        raise ValueError(f"FreezeBackbone: {type(backbone).__name__} has no linear head to train alone")
-    return linears[-1]
+from ..models.backbones import head_of
 
 
 class FreezeBackbone(L.Callback):

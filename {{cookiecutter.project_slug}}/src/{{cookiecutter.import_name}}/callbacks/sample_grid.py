@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from torchvision.utils import make_grid
 from typing_extensions import override
 
@@ -37,6 +38,8 @@ class SampleGrid(L.Callback):
             return
         self._logged = True
         images = batch[0][: self.num_images].detach().cpu()
+        if images.is_floating_point():  # mixed images (MixUp) are floats in [0, 255]
+            images = images.round().clamp(0, 255).to(torch.uint8)
         grid = make_grid(images, nrow=self.images_per_row, padding=2)
         for writer in tensorboard_writers(trainer, self, "sample grids"):
             writer.add_image("train/augmented_batch", grid, trainer.global_step)

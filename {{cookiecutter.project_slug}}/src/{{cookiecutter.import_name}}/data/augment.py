@@ -12,6 +12,10 @@ run resumed in the middle of an epoch first replays the draws of the batches it 
 The alternating flip is airbench's derandomized flip: each image starts in a fixed pseudo-random
 orientation and is mirrored on every odd epoch, so over any two epochs the network sees both
 orientations of every image (airbench reports ~10% fewer steps to the same accuracy).
+
+MixUp and CutMix (``mix``) are torchvision's, on the whole device batch: they turn the labels into
+(N, classes) shares. Their few draws are CPU draws of torch's global generator, so each batch runs
+them under a seed of its own taken from the epoch's stream (replayed on resume like the rest).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torchvision.transforms import v2
 
 from ..foundation.errors import check_choice
 
@@ -115,6 +120,23 @@ def random_resized_crop(images: Tensor, scale: tuple[float, float], generator: t
     return crops.round_().clamp_(0, 255).to(images.dtype) if not images.is_floating_point() else crops
 
 
+MIX_STREAM = 0x5EED_0F_313C  # sets the mixing seeds' stream apart from the augmentation's
+
+
+def batch_mixing(mixup_alpha: float, cutmix_alpha: float, num_classes: int | None) -> v2.Transform | None:
+    """torchvision's MixUp and/or CutMix (one of the two per batch, at random, when both are on); None when off."""
+    if mixup_alpha < 0 or cutmix_alpha < 0:
+        raise ValueError(f"data.mixup_alpha and data.cutmix_alpha must be 0 or more, got {mixup_alpha}, {cutmix_alpha}")
+    mixes = [
+        mix(alpha=alpha, num_classes=num_classes)
+        for mix, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha))
+        if alpha > 0
+    ]
+    if not mixes:
+        return None
+    return mixes[0] if len(mixes) == 1 else v2.RandomChoice(mixes)
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     """A well-mixed 64-bit seed for (stream seed, epoch): neighbouring epochs get unrelated streams."""
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0])
@@ -130,6 +152,9 @@ class BatchAugment:
         cutout: int = 0,
         padding_mode: PaddingMode = "zeros",
         resized_crop_scale: tuple[float, float] | None = None,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        num_classes: int | None = None,
     ) -> None:
         check_choice("data.flip", flip, FlipMode)
         check_choice("data.crop_padding_mode", padding_mode, PaddingMode)
@@ -138,6 +163,8 @@ class BatchAugment:
         self.cutout = cutout
         self.padding_mode = padding_mode
         self.resized_crop_scale = resized_crop_scale  # None: no random-resized crop
+        self.mixing = batch_mixing(mixup_alpha, cutmix_alpha, num_classes)  # None: labels stay class indices
+        self.mix_generator = torch.Generator()  # the seeds of the batches' mixing draws, on the CPU
         self.generator: torch.Generator | None = None
         self._seed = 0
         self._image_seed = 0
@@ -163,17 +190,30 @@ class BatchAugment:
         # exactly what it would have drawn, on every rank, with no generator state to checkpoint.
         if self.generator is None or self.generator.device != images.device or self._epoch != epoch:
             self.generator = torch.Generator(device=images.device).manual_seed(epoch_seed(self._seed, epoch))
+            self.mix_generator.manual_seed(epoch_seed(self._seed, epoch) ^ MIX_STREAM)
             self._epoch = epoch
             skipped = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
             stand_in = images.new_zeros((images.shape[0], 1, *images.shape[2:]))
             for _ in range(skipped):  # all batches of an epoch have one size (the last one is dropped)
                 self._augment(stand_in, torch.zeros(len(stand_in), dtype=torch.int64), epoch, self.generator)
+                self._mix_seed()
         self._resume = None
         return self.generator
 
     def __call__(self, images: Tensor, ids: Tensor | None = None, epoch: int = 0) -> Tensor:
         """Augment a batch; ``ids`` (each image's row in its split) and ``epoch`` drive the alternating flip."""
         return self._augment(images, ids, epoch, self._generator_for(images, epoch))
+
+    def mix(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """MixUp or CutMix the augmented batch: float images in [0, 255] and (N, classes) label shares."""
+        if self.mixing is None:
+            return images, labels
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self._mix_seed())
+            return self.mixing(images.float(), labels)
+
+    def _mix_seed(self) -> int:
+        return int(torch.randint(0, 2**62, (1,), generator=self.mix_generator)) if self.mixing is not None else 0
 
     def _augment(self, images: Tensor, ids: Tensor | None, epoch: int, generator: torch.Generator) -> Tensor:
         if self.resized_crop_scale is not None:

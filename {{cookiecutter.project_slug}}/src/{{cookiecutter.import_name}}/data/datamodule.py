@@ -68,6 +68,8 @@ class ImageDataModule(L.LightningDataModule):
         resized_crop_scale: tuple[float, float] = (0.35, 1.0),
         flip: FlipMode = "random",
         cutout: int = 0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
         storage: Storage = "auto",
         pin_memory: bool = True,
         predict_dir: str | None = None,
@@ -91,6 +93,10 @@ class ImageDataModule(L.LightningDataModule):
             flip: Left-right mirroring of training images: random (each image, each epoch), alternating
                 (each image in a fixed random orientation, mirrored on odd epochs) or none.
             cutout: Side in pixels of a square zeroed at a random place in each training image; 0 disables it.
+            mixup_alpha: MixUp: each training image blended with another, labels in the same shares drawn from
+                Beta(alpha, alpha) (0.2 is a common start); 0 disables it.
+            cutmix_alpha: CutMix: a box of another training image pasted in, labels by area, from Beta(alpha,
+                alpha) (1.0 is the usual); 0 disables it. With both on, each batch gets one of the two.
             storage: Where the images live: device (copied once to the accelerator; batches are gathered
                 there, no workers), memmap (memory-mapped, gathered by workers), or auto (device on a GPU
                 with room to spare, else memmap).
@@ -133,8 +139,13 @@ class ImageDataModule(L.LightningDataModule):
             resized_crop_scale,
             flip,
             cutout,
+            mixup_alpha,
+            cutmix_alpha,
         )
-        self.augment = BatchAugment(0, flip, cutout, crop_padding_mode)  # checks the choices now; sized in setup()
+        # Checks the choices now; sized (and given the class count) in setup().
+        self.augment = BatchAugment(
+            0, flip, cutout, crop_padding_mode, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha
+        )
         self.predict_dir = Path(predict_dir) if predict_dir else None
         self.resident: dict[str, ResidentBatches] = {}
         self.seed = 0
@@ -160,12 +171,21 @@ class ImageDataModule(L.LightningDataModule):
 
     def sized_augmentation(self) -> BatchAugment:
         """The augmentation for this dataset's image size (crop padding and the resized crop follow the size)."""
-        padding, padding_mode, resized, scale, flip, cutout = self._augment_settings
+        padding, padding_mode, resized, scale, flip, cutout, mixup, cutmix = self._augment_settings
         if resized is None:
             resized = self.image_size >= RESIZED_CROP_FROM
         if padding is None:
             padding = 0 if resized else max(1, self.image_size // 8)
-        return BatchAugment(padding, flip, cutout, padding_mode, resized_crop_scale=scale if resized else None)
+        return BatchAugment(
+            padding,
+            flip,
+            cutout,
+            padding_mode,
+            resized_crop_scale=scale if resized else None,
+            mixup_alpha=mixup,
+            cutmix_alpha=cutmix,
+            num_classes=self.num_classes,
+        )
 
     def data_summary(self) -> str | None:
         """How many images each split has, of how many classes, at what size, from where."""
@@ -386,4 +406,5 @@ class ImageDataModule(L.LightningDataModule):
         if self.trainer is not None and self.trainer.training:
             epoch = self.trainer.current_epoch
             images = self.augment(images, ids[0] if ids else None, epoch)
+            images, labels = self.augment.mix(images, labels)
         return images, labels

@@ -21,6 +21,8 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r"The dirpath has changed from", UserWarning),
     # sweep.py hands each trial its own arguments while its own are in sys.argv, on purpose
     (r"LightningCLI's args parameter is intended to run from within Python", UserWarning),
+    # the model's configure_model only compiles (it shards nothing), which the averaged copy does not need
+    (r"You're using the WeightAveraging callback with a model that overrides the configure_model", UserWarning),
 )
 # Lightning's info lines that say nothing here: why each.
 KNOWN_LINES = re.compile(

@@ -359,6 +359,20 @@ class TimmNet(nn.Module):
         return self.network.get_classifier()
 
 
+def head_of(backbone: nn.Module) -> nn.Module:
+    """The backbone's classifier head: what its ``head()`` names, else its last linear layer.
+
+    Fine-tuning treats it apart from the pretrained body: it trains alone first (``FreezeBackbone``)
+    and at its own learning rate (``model.backbone_lr_scale``).
+    """
+    if callable(getattr(backbone, "head", None)):
+        return backbone.head()
+    linears = [module for module in backbone.modules() if isinstance(module, nn.Linear)]
+    if not linears:
+        raise ValueError(f"{type(backbone).__name__} has no linear classifier head to train apart from the rest")
+    return linears[-1]
+
+
 def _check_timm_name(name: str, wants_weights: bool) -> None:
     """One line for a name timm does not know (with the closest it does), or one without pretrained weights."""
     import difflib

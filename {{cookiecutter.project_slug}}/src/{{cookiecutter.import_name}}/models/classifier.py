@@ -5,6 +5,7 @@ Training keeps device-side running sums instead (``training_totals.py``): its st
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,7 +18,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from ..foundation.logging_steps import at_logging_step
-from .backbones import BackboneFactory, FastCNN, build_backbone
+from .backbones import BackboneFactory, FastCNN, build_backbone, head_of
 from .schedules import OneCycle, Replanned, ScheduleFactory
 from .test_time import TestTimeAugmentation
 from .training_totals import TrainingTotals
@@ -77,6 +78,7 @@ class ImageClassifier(L.LightningModule):
         optimizer: OptimizerCallable | None = None,
         lr_schedule: ScheduleFactory | None = None,
         norm_bias_lr_scale: float = 1.0,
+        backbone_lr_scale: float = 1.0,
         test_time_augmentation: TestTimeAugmentation | None = None,
         channels_last: bool = False,
         compile: bool = False,
@@ -102,6 +104,8 @@ class ImageClassifier(L.LightningModule):
                 WarmupCosine, Triangle, Constant; OneCycle by default); an extended run re-plans it.
             norm_bias_lr_scale: Learning-rate multiplier for BatchNorm shifts; their weight decay is divided
                 by it, so the decay per step is unchanged.
+            backbone_lr_scale: Learning-rate multiplier for every layer of the backbone but its classifier head
+                (e.g. 0.1: pretrained layers move ten times slower than the new head).
             test_time_augmentation: Views averaged at validation/test/predict (models/test_time.py: Flip,
                 FlipTranslate); none by default.
             channels_last: Keep activations and weights in NHWC memory order (faster convolutions on GPUs).
@@ -111,8 +115,9 @@ class ImageClassifier(L.LightningModule):
         """
         super().__init__()
         self.save_hyperparameters()
-        if norm_bias_lr_scale <= 0:
-            raise ValueError(f"model.norm_bias_lr_scale must be positive, got {norm_bias_lr_scale}")
+        for name, scale in (("norm_bias_lr_scale", norm_bias_lr_scale), ("backbone_lr_scale", backbone_lr_scale)):
+            if scale <= 0:
+                raise ValueError(f"model.{name} must be positive, got {scale}")
         self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
         if len(self.class_names) != num_classes:
             raise ValueError(f"{len(self.class_names)} class names given for {num_classes} classes")
@@ -140,6 +145,19 @@ class ImageClassifier(L.LightningModule):
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
         self.example_input_array = torch.zeros(2, 3, image_size, image_size, dtype=torch.uint8)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ImageClassifier:
+        """A copy (weight averaging keeps one) sharing the optimizer and schedule recipes with this model.
+
+        The config's recipes are jsonargparse callables that hold its parser's lock, which cannot be
+        copied; they are never changed, so sharing them is safe.
+        """
+        for recipe in (self.optimizer_factory, self.lr_schedule):
+            memo[id(recipe)] = recipe
+        duplicate = self.__class__.__new__(self.__class__)
+        memo[id(self)] = duplicate
+        duplicate.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return duplicate
 
     @override
     def forward(self, images: Tensor) -> Tensor:
@@ -190,10 +208,12 @@ class ImageClassifier(L.LightningModule):
 
     @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """``labels`` are class indices, or (N, classes) shares when the data mixes images (MixUp, CutMix)."""
         images, labels = batch
         logits = self(images)
         loss = self.criterion(logits, labels)
-        self.training_totals.add(loss, logits, labels)
+        # Mixed images count as their larger share's class, so train/top1 still compares with val/top1.
+        self.training_totals.add(loss, logits, labels.argmax(dim=1) if labels.dim() == 2 else labels)
         return loss
 
     @override
@@ -218,10 +238,9 @@ class ImageClassifier(L.LightningModule):
         else:
             optimizer = torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
         for group in optimizer.param_groups:
-            scale = group.get("lr_scale", 1.0)
-            group["lr"] *= scale
+            group["lr"] *= group.get("lr_scale", 1.0)
             if "weight_decay" in group:
-                group["weight_decay"] /= scale
+                group["weight_decay"] *= group.get("weight_decay_scale", 1.0)
         # The schedule spans all optimizer steps of the run as the trainer counts them now.
         scheduler = self.lr_schedule(optimizer, int(self.trainer.estimated_stepping_batches))
         # "name" is LearningRateMonitor's tag: train/lr, or train/lr/<group name> with several parameter groups.
@@ -273,11 +292,22 @@ class ImageClassifier(L.LightningModule):
             scheduler.resume_at(self.trainer.global_step)
 
     def _parameter_groups(self) -> Iterable[Tensor] | list[dict[str, Any]]:
-        scale = self.hparams.norm_bias_lr_scale
-        if scale == 1.0:
+        norm_scale, body_scale = self.hparams.norm_bias_lr_scale, self.hparams.backbone_lr_scale
+        if norm_scale == 1.0 and body_scale == 1.0:
             return self.parameters()
-        shifts = [module.bias for module in self.modules() if isinstance(module, NORMS) and module.bias is not None]
-        scaled = {id(parameter) for parameter in shifts}
-        others = [parameter for parameter in self.parameters() if id(parameter) not in scaled]
-        # Named groups: the learning-rate monitor logs train/lr/main and train/lr/norm_biases.
-        return [{"params": others, "name": "main"}, {"params": shifts, "lr_scale": scale, "name": "norm_biases"}]
+        shifts = {id(m.bias) for m in self.modules() if isinstance(m, NORMS) and m.bias is not None}
+        head = {id(parameter) for parameter in head_of(self.backbone).parameters()} if body_scale != 1.0 else None
+        groups: dict[str, dict[str, Any]] = {}
+        for parameter in self.parameters():
+            part = "head" if head is None or id(parameter) in head else "body"
+            lr_scale = 1.0 if part == "head" else body_scale
+            if norm_scale != 1.0 and id(parameter) in shifts:
+                # Their weight decay is divided by the multiplier, so the decay per step is unchanged.
+                name, lr_scale, decay_scale = f"{part}_norm_biases", lr_scale * norm_scale, 1.0 / norm_scale
+            else:
+                name, decay_scale = part, 1.0
+            group = groups.setdefault(name, {"params": [], "lr_scale": lr_scale, "weight_decay_scale": decay_scale})
+            group["params"].append(parameter)
+        # Named groups: the learning-rate monitor logs train/lr/<name> (head, body, head_norm_biases, ...).
+        names = {"head": "main", "head_norm_biases": "norm_biases"} if head is None else {}
+        return [{**group, "name": names.get(name, name)} for name, group in groups.items()]

@@ -30,6 +30,18 @@ def resize_rule(checkpoint: dict, size: int) -> str:
     return RESIZE_RULES.get(rule, rule).format(size=size, scaled=scaled, interpolation=interpolation)
 
 
+def shipped_weights(checkpoint: dict) -> str:
+    """Which weights the checkpoint's state_dict holds: a weight average's (EMAWeights) or the training weights."""
+    if "current_model_state" not in checkpoint:
+        return "the training weights at that step"
+    callbacks = checkpoint.get("callbacks", {})
+    averager = next((name for name in callbacks if "WeightAveraging" in name or "EMA" in name), None)
+    updates = checkpoint.get("averaging_state", {}).get("n_averaged")
+    count = f" over {int(updates):,} updates" if updates is not None else ""
+    source = f" ({averager.split('{')[0]})" if averager else ""
+    return f"the moving average of the training weights{count}{source}, not the last training weights"
+
+
 def backbone_settings(model: ImageClassifier, checkpoint: dict) -> dict:
     """The backbone as the run's config gave it (class_path and init_args), or its class when built in Python."""
     given = checkpoint.get("hyper_parameters", {}).get("backbone")
@@ -78,6 +90,7 @@ def build_card(
             "epoch": checkpoint.get("epoch"),
             "global_step": checkpoint.get("global_step"),
             "config_hash": checkpoint.get("config_hash"),
+            "weights": shipped_weights(checkpoint),
         },
         "evaluation": {**evaluation, "test_time_augmentation_of_the_run": run_tta},
         "eager": eager,
@@ -167,6 +180,7 @@ def markdown(card: dict) -> str:
             f"FLOPs per image: {cost['flops_per_image']:,}",
             f"- From: {source['checkpoint']} (epoch {source['epoch']}, step {source['global_step']}, "
             f"config hash {source['config_hash']})",
+            f"- Weights: {source.get('weights', 'the training weights at that step')}",
             evaluation_line(card["evaluation"]),
             *int8_lines(card["int8"]),
             *parities,
