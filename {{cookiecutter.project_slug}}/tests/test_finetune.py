@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from {{ cookiecutter.import_name }}.data.image_files import decode_image
 from {{ cookiecutter.import_name }}.models import ImageClassifier
@@ -127,17 +128,42 @@ def test_a_timm_network_is_trained_predicted_and_exported_as_its_weights_expect(
     assert "0.875" in card["input"]["resize"]
 
 
-@pytest.mark.slow  # two epochs of a ResNet-18 at 32 px
+@pytest.mark.slow  # two epochs of a ResNet-18 at 32 px, a test and an export
+@pytest.mark.every_render
 def test_the_finetune_preset_trains_the_head_then_everything_from_a_weights_file(tmp_path, offline):
     photos = write_image_folder(tmp_path / "photos", per_class=8)
     weights = saved_weights("resnet18", tmp_path / "resnet18.pth")
     preset = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "finetune.yaml")]
     net = ["--model.backbone.name=resnet18.a1_in1k", f"--model.backbone.weights_path={weights}"]
-    result = run_cli(*images_args(photos, *preset, *net, "--data.image_size=32", "--data.batch_size=8"), cwd=tmp_path,
-                     env=offline)  # fmt: skip
+    tiny = ["--data.image_size=32", "--data.batch_size=8", "--trainer.max_epochs=2"]
+    result = run_cli(*images_args(photos, *preset, *net, *tiny), cwd=tmp_path, env=offline)
     output = result.stdout + result.stderr
     assert "the head trains" in output and "all layers train" in output
     (run,) = tmp_path.glob("runs/images/*/checkpoints/last.ckpt")
-    hparams = torch.load(run, weights_only=True)["hyper_parameters"]
+    checkpoint = torch.load(run, weights_only=True)
+    hparams = checkpoint["hyper_parameters"]
     assert hparams["backbone"]["init_args"]["name"] == "resnet18.a1_in1k"
     assert tuple(hparams["mean"]) == (0.485, 0.456, 0.406)  # what the a1 weights were trained with
+
+    # The pretrained body learned at a tenth of the head's rate; the MixUp batches counted in train/top1.
+    events = EventAccumulator(str(run.parents[1]), size_guidance={"scalars": 0})
+    events.Reload()
+    head, body = ([e.value for e in events.Scalars(f"train/lr/{part}")] for part in ("head", "body"))
+    assert len(head) == len(body) > 1 and body == pytest.approx([0.1 * lr for lr in head])
+    assert 0 <= events.Scalars("train/top1")[-1].value <= 1
+
+    # The checkpoint's weights are the moving average; the training weights are kept beside them.
+    averaged, trained = checkpoint["state_dict"], checkpoint["current_model_state"]
+    assert not torch.equal(averaged["backbone.network.fc.weight"], trained["backbone.network.fc.weight"])
+    tested = run_cli("test", "--config", str(run.parents[1] / "config.yaml"), "--ckpt_path=last", cwd=tmp_path,
+                     env=offline)  # fmt: skip
+    assert "WeightAveraging" not in tested.stdout + tested.stderr  # nothing to restore outside fit, nothing said
+    model = ImageClassifier.load_from_checkpoint(run, map_location="cpu")
+    assert torch.equal(model.state_dict()["backbone.network.fc.weight"], averaged["backbone.network.fc.weight"])
+    exported = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "export.py"), f"--ckpt_path={run}", "--formats=onnx", "--tolerance=0.05"],
+        cwd=tmp_path, capture_output=True, text=True, env=cli_env(**offline), timeout=600,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    card = (run.parent / "export" / "model.card.md").read_text()
+    assert "- Weights: the moving average of the training weights over 4 updates (EMAWeights)" in card
