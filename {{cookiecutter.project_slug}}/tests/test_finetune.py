@@ -19,7 +19,7 @@ import timm
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from {{ cookiecutter.import_name }}.data.image_files import decode_image
+from {{ cookiecutter.import_name }}.data.image_files import centre_crop, decode_image
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import TimmNet
 
@@ -115,7 +115,9 @@ def test_a_timm_network_is_trained_predicted_and_exported_as_its_weights_expect(
     assert split and all(files[image] == top5 for image, top5 in split.items())
     key = next(iter(split))
     decoded = decode_image(photos / key, 48, "crop", "bicubic", 0.875).transpose(2, 0, 1)
-    assert any(np.array_equal(decoded, row) for row in np.load(packed / "train_images.npy"))  # packing's own pixels
+    rows = np.load(packed / "train_images.npy")
+    assert rows.shape[-2:] == (55, 55)  # packed at 48 / 0.875: the margin the evaluation crop leaves out
+    assert any(np.array_equal(decoded, centre_crop(row, 48)) for row in rows)  # packing's own pixels, served
 
     exported = subprocess.run(
         # A barely trained network from random weights has large logits: fp32 ONNX differs from PyTorch by ~1e-2.

@@ -302,6 +302,32 @@ def test_the_random_resized_crop_keeps_shape_and_dtype_and_is_seeded():
     assert torch.equal(random_resized_crop(plain, (0.35, 1.0), torch.Generator().manual_seed(0)), plain)
 
 
+def test_images_packed_with_an_evaluation_margin_train_on_all_of_it_and_evaluate_on_its_centre(tmp_path):
+    # A frame of colour only in the outer ring an evaluation crop of 0.8 leaves out.
+    folder = tmp_path / "photos"
+    for label in ("framed", "plain"):
+        (folder / label).mkdir(parents=True)
+        for index in range(8):
+            pixels = np.full((80, 80, 3), 100, dtype=np.uint8)
+            if label == "framed":
+                pixels[:6], pixels[-6:], pixels[:, :6], pixels[:, -6:] = 250, 250, 250, 250
+            Image.fromarray(pixels).save(folder / label / f"{index}.png")
+    data = ImageFolderDataModule(image_dir=str(folder), image_size=40, crop_pct=0.8, cache_dir=str(tmp_path / "packed"),
+                                 val_fraction=0.25, batch_size=4, num_workers=0, random_resized_crop=True)  # fmt: skip
+    data.prepare_data()
+    data.setup("fit")
+    assert data.train_set.arrays[0].shape[-1] == 50  # packed at 40 / 0.8
+    images, labels = next(iter(data.train_dataloader()))[:2]
+    served = data.on_after_batch_transfer((images, labels), 0)[0]  # no trainer: served as evaluation serves it
+    assert served.shape[-2:] == (40, 40) and int(served.max()) == 100  # the centre: no frame
+    data.augment.seed(0)
+    trained = data.augment(images, epoch=0)
+    assert trained.shape[-2:] == (40, 40)
+    assert int(trained[labels == 0].max()) > 200  # the random-resized crop reaches into the ring
+    held_out = data.held_out_images()
+    assert held_out.images[:2].shape[-2:] == (40, 40) and int(held_out.images[:].max()) == 100
+
+
 @pytest.mark.parametrize("size", [32, 64, 224])
 @pytest.mark.parametrize(
     "backbone",

@@ -30,6 +30,7 @@ from torch import Tensor
 from torchvision.transforms import v2
 
 from ..foundation.errors import check_choice
+from .image_files import centre_crop
 
 FlipMode = Literal["random", "alternating", "none"]
 PaddingMode = Literal["zeros", "reflect"]
@@ -95,14 +96,18 @@ def random_cutout(images: Tensor, size: int, generator: torch.Generator) -> Tens
     return images.masked_fill(inside[:, None], 0)
 
 
-def random_resized_crop(images: Tensor, scale: tuple[float, float], generator: torch.Generator) -> Tensor:
-    """Cut a random box from each image (area share in ``scale``, aspect 3/4 to 4/3) and scale it to full size.
+def random_resized_crop(
+    images: Tensor, scale: tuple[float, float], generator: torch.Generator, size: int | None = None
+) -> Tensor:
+    """Cut a random box from each image (area share in ``scale``, aspect 3/4 to 4/3) and scale it to ``size``.
 
     What ``RandomResizedCrop`` does per image, for a whole batch in one ``grid_sample``: one bilinear
-    sample per output pixel. A box is never larger than the image, so it is only ever enlarged and
+    sample per output pixel. ``size`` defaults to the images' own; packed images are at most an
+    evaluation crop's margin (a few percent) larger than it, so a box is shrunk by little if at all and
     needs no antialiasing.
     """
     n, _, h, w = images.shape
+    size = size or h
     device = images.device
     area = torch.empty(n, device=device).uniform_(scale[0], scale[1], generator=generator) * (h * w)
     log_ratio = torch.empty(n, device=device).uniform_(math.log(3 / 4), math.log(4 / 3), generator=generator)
@@ -115,7 +120,7 @@ def random_resized_crop(images: Tensor, scale: tuple[float, float], generator: t
     theta = torch.zeros(n, 2, 3, device=device)
     theta[:, 0, 0], theta[:, 0, 2] = box_w / w, (2 * left + box_w) / w - 1
     theta[:, 1, 1], theta[:, 1, 2] = box_h / h, (2 * top + box_h) / h - 1
-    grid = F.affine_grid(theta, [n, 1, h, w], align_corners=False)
+    grid = F.affine_grid(theta, [n, 1, size, size], align_corners=False)
     crops = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
     return crops.round_().clamp_(0, 255).to(images.dtype) if not images.is_floating_point() else crops
 
@@ -155,6 +160,7 @@ class BatchAugment:
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
         num_classes: int | None = None,
+        output_size: int | None = None,
     ) -> None:
         check_choice("data.flip", flip, FlipMode)
         check_choice("data.crop_padding_mode", padding_mode, PaddingMode)
@@ -163,6 +169,7 @@ class BatchAugment:
         self.cutout = cutout
         self.padding_mode = padding_mode
         self.resized_crop_scale = resized_crop_scale  # None: no random-resized crop
+        self.output_size = output_size  # the network's input side, when the packed images are larger (a margin)
         self.mixing = batch_mixing(mixup_alpha, cutmix_alpha, num_classes)  # None: labels stay class indices
         self.mix_generator = torch.Generator()  # the seeds of the batches' mixing draws, on the CPU
         self.generator: torch.Generator | None = None
@@ -217,7 +224,9 @@ class BatchAugment:
 
     def _augment(self, images: Tensor, ids: Tensor | None, epoch: int, generator: torch.Generator) -> Tensor:
         if self.resized_crop_scale is not None:
-            images = random_resized_crop(images, self.resized_crop_scale, generator)
+            images = random_resized_crop(images, self.resized_crop_scale, generator, self.output_size)
+        elif self.output_size is not None:
+            images = centre_crop(images, self.output_size)
         images = random_crop(images, self.crop_padding, generator, self.padding_mode)
         if self.flip == "random":
             images = random_flip(images, generator)

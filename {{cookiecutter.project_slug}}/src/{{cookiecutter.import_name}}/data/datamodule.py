@@ -27,7 +27,7 @@ from .augment import BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
 from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, keep_batch
 from .errors import DataError, DataSettingError
-from .image_files import Interpolation, Resize, load_image_folder
+from .image_files import Interpolation, Resize, centre_crop, load_image_folder
 from .interfaces import HeldOutImages
 from .loader import FirstBatchStartLoader, TrainerEpochSampler
 
@@ -185,6 +185,7 @@ class ImageDataModule(L.LightningDataModule):
             mixup_alpha=mixup,
             cutmix_alpha=cutmix,
             num_classes=self.num_classes,
+            output_size=self.image_size,
         )
 
     def data_summary(self) -> str | None:
@@ -301,7 +302,7 @@ class ImageDataModule(L.LightningDataModule):
         """The test split, or the validation split where the data has no test split of its own; after setup()."""
         if self.test_set is None:
             raise DataError("held_out_images() needs setup() to have run")
-        images, labels = self.test_set.view()
+        images, labels = self.test_set.view(self.image_size)  # packed with a margin: its centre, as evaluated
         split = "val" if self.test_set is self.val_set and not self.validates_on_test_set else "test"
         names = [self.predict_name(index) for index in range(len(labels))]
         source = str(self.test_set.paths[0].parent)
@@ -313,13 +314,13 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError("training_sample() needs setup() to have run")
         count = min(count, len(self.train_set))
         positions = np.sort(np.random.default_rng(seed).choice(len(self.train_set), size=count, replace=False))
-        return self.train_set.__getitems__(positions.tolist())[0].numpy()
+        return np.ascontiguousarray(centre_crop(self.train_set.__getitems__(positions.tolist())[0], self.image_size))
 
     def train_images(self, count: int) -> Tensor:
         """The first ``count`` training images (uint8, on the CPU), in their fixed order: for fitting layers to data."""
         if self.train_set is None:
             raise DataError("train_images() needs setup() to have run")
-        return self.train_set.__getitems__(range(min(count, len(self.train_set))))[0]
+        return centre_crop(self.train_set.__getitems__(range(min(count, len(self.train_set))))[0], self.image_size)
 
     def _sizes(self) -> BatchSizes:
         if self.batches is None:
@@ -407,4 +408,6 @@ class ImageDataModule(L.LightningDataModule):
             epoch = self.trainer.current_epoch
             images = self.augment(images, ids[0] if ids else None, epoch)
             images, labels = self.augment.mix(images, labels)
+        else:  # images packed with a margin (an evaluation crop's) are evaluated on their centre
+            images = centre_crop(images, self.image_size)
         return images, labels

@@ -17,18 +17,24 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .image_files import centre_crop
+
 
 class Rows:
-    """Some rows of a memory-mapped array, read only when indexed (a held-out split inside the training file)."""
+    """Some rows of a memory-mapped array, read only when indexed (a held-out split inside the training file).
 
-    def __init__(self, array: np.ndarray, rows: np.ndarray) -> None:
-        self.array, self.rows = array, rows
+    With ``size``, each image's centre ``size`` x ``size`` (images packed with an evaluation crop's margin).
+    """
+
+    def __init__(self, array: np.ndarray, rows: np.ndarray | None = None, size: int | None = None) -> None:
+        self.array, self.rows, self.size = array, rows, size
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) if self.rows is not None else len(self.array)
 
     def __getitem__(self, key: slice | np.ndarray) -> np.ndarray:
-        return self.array[self.rows[key]]
+        images = self.array[self.rows[key]] if self.rows is not None else self.array[key]
+        return centre_crop(images, self.size) if self.size is not None else images
 
 
 class MemmapBatches(Dataset):
@@ -52,12 +58,16 @@ class MemmapBatches(Dataset):
             self._arrays = tuple(np.load(path, mmap_mode="r") for path in self.paths)
         return self._arrays
 
-    def view(self) -> tuple[np.ndarray | Rows, np.ndarray]:
-        """The split's images, read only when indexed, and its labels: for reading a split outside a loader."""
+    def view(self, size: int | None = None) -> tuple[np.ndarray | Rows, np.ndarray]:
+        """The split's images (their centre ``size`` x ``size``), read only when indexed, and its labels.
+
+        For reading a split outside a loader.
+        """
         images, labels = self.arrays
-        if self.indices is None:
+        if self.indices is None and (size is None or images.shape[-1] == size):
             return images, np.asarray(labels)
-        return Rows(images, self.indices), np.asarray(labels[self.indices])
+        chosen = labels[self.indices] if self.indices is not None else labels
+        return Rows(images, self.indices, size), np.asarray(chosen)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_arrays": None}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 Resize = Literal["crop", "pad", "stretch"]
 Interpolation = Literal["bilinear", "bicubic"]  # what pretrained weights were trained with (timm's pretrained_cfg)
+T = TypeVar("T", np.ndarray, Tensor)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 FLATTEN_ONTO = (255, 255, 255)  # the background transparent pixels are flattened onto
 # Antialiased when shrinking (PIL filters over the whole footprint).
@@ -68,6 +69,22 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB") if image.mode != "RGB" else image
 
 
+def packed_side(size: int, resize: Resize, crop_pct: float) -> int:
+    """The side an image is packed at: ``size / crop_pct`` for the crop rule (the evaluation resize before its crop).
+
+    Evaluation takes the centre ``size`` x ``size`` of it (``centre_crop``), the random-resized crop of
+    training a box anywhere in it: the margin an evaluation crop leaves out is still there to train on.
+    """
+    return max(size, round(size / crop_pct)) if resize == "crop" else size
+
+
+def centre_crop(images: T, size: int) -> T:
+    """The centre ``size`` x ``size`` of the last two dimensions (arrays and tensors alike; as it is when no larger)."""
+    height, width = images.shape[-2:]
+    top, left = (height - size) // 2, (width - size) // 2
+    return images[..., top : top + size, left : left + size]
+
+
 def fit_to_square(
     image: Image.Image,
     size: int,
@@ -77,16 +94,17 @@ def fit_to_square(
 ) -> Image.Image:
     """An RGB image as ``size`` x ``size`` by the rule ``resize`` (crop, pad or stretch).
 
-    ``crop_pct`` < 1 (crop only) is the evaluation resize pretrained weights expect: the shorter side
-    to ``size / crop_pct``, then the centre ``size`` x ``size``.
+    ``crop_pct`` < 1 (crop only) is the evaluation resize pretrained weights expect: the centre square
+    at ``size / crop_pct`` (``packed_side``), then its centre ``size`` x ``size``, as packed images are served.
     """
     method = RESAMPLING[interpolation]
     if resize == "crop":
-        if crop_pct < 1:
-            scale = size / crop_pct / min(image.size)
-            width, height = (max(size, round(side * scale)) for side in image.size)
-            image = image.resize((width, height), method)
-        return ImageOps.fit(image, (size, size), method=method)
+        side = packed_side(size, resize, crop_pct)
+        square = ImageOps.fit(image, (side, side), method=method)
+        if side == size:
+            return square
+        offset = (side - size) // 2  # centre_crop's offset, so a packed image served cropped is this image
+        return square.crop((offset, offset, offset + size, offset + size))
     if resize == "pad":
         return ImageOps.pad(image, (size, size), method=method, color=(0, 0, 0))
     if resize == "stretch":

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from ..foundation.converted_copy import ConvertedCopy, SplitArrays
 from ..foundation.files import NoSpaceError, writable
 from .errors import DataError, DataSettingError
-from .image_files import BadImageError, Interpolation, Resize, decode_image, resize_array
+from .image_files import BadImageError, Interpolation, Resize, decode_image, packed_side, resize_array
 from .image_sources import LabelledImages, read_array_images
 
 PACK_FORMAT_VERSION = 1
@@ -49,10 +49,16 @@ class PackSettings:
     interpolation: Interpolation = "bilinear"
     crop_pct: float = 1.0
 
+    @property
+    def side(self) -> int:
+        """The packed images' side: ``image_size`` plus the evaluation crop's margin (``packed_side``)."""
+        return packed_side(self.image_size, self.resize, self.crop_pct)
+
     def recorded(self) -> dict[str, Any]:
         """What names the copy: the settings, the ones at their defaults left out (copies of earlier releases)."""
         defaults = {"interpolation": "bilinear", "crop_pct": 1.0}
-        return {key: value for key, value in vars(self).items() if defaults.get(key, object()) != value}
+        recorded = {key: value for key, value in vars(self).items() if defaults.get(key, object()) != value}
+        return recorded | ({"side": self.side} if self.side != self.image_size else {})
 
 
 @dataclass(frozen=True)
@@ -175,11 +181,11 @@ def _write_split(
 ) -> tuple[int, list[str], list[str]]:
     """Decode one split into ``partial``; returns (images kept, their keys, 'key<TAB>reason' of each bad one)."""
     entries = found.splits[split]
-    size = settings.image_size
+    size = settings.side  # evaluation crops its centre image_size, training a random-resized box from all of it
     shape = (len(entries), 3, size, size)
     images = np.lib.format.open_memmap(partial / f"{split}_images.npy", mode="w+", dtype=np.uint8, shape=shape)
     labels, keys, bad = [], [], []
-    rule = (size, settings.resize, settings.interpolation, settings.crop_pct)
+    rule = (size, settings.resize, settings.interpolation, 1.0)
     tasks = [(str(found.root), entry.key, rule) for entry in entries]
     for entry, (pixels, reason) in zip(entries, _decoded(tasks, workers), strict=True):
         bar.update(1)
@@ -259,7 +265,7 @@ def pack(
                 f"({settings.image_size} px, {settings.resize}); nothing to decode"
             )
             return packed
-        needed = found.count() * 3 * settings.image_size**2
+        needed = found.count() * 3 * settings.side**2
         _check_space(folder.parent, needed)
         workers = workers or default_workers()
         start = time.perf_counter()
