@@ -195,3 +195,11 @@ class FailAt(L.Callback):
         if os.environ.get("FAIL_KIND") == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
         raise RuntimeError("the training step failed on purpose")
+
+
+class FailInTest(L.Callback):
+    """Fail as test batch ``FAIL_TEST_AT`` starts: an evaluation that breaks after it began."""
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if str(batch_idx) == os.environ.get("FAIL_TEST_AT", ""):
+            raise RuntimeError("the test step failed on purpose")

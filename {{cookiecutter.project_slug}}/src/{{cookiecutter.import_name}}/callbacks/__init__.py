@@ -1,6 +1,7 @@
 """Callbacks, each set under ``trainer.callbacks``: what makes training observable, and recipe parts."""
 
 from .confusion_matrix import ConfusionMatrix
+from .evaluation_report import EvaluationReport
 from .freeze_backbone import FreezeBackbone
 from .grad_scale_watchdog import GradScaleWatchdog
 from .gradient_histograms import GradientHistograms
@@ -15,6 +16,7 @@ from .whitening import WhiteningFit
 __all__ = [
     "ConfusionMatrix",
     "EMAWeights",
+    "EvaluationReport",
     "FreezeBackbone",
     "GradScaleWatchdog",
     "GradientHistograms",

@@ -25,7 +25,7 @@ from typing_extensions import override
 from ..foundation.errors import check_choice
 from .augment import BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
-from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, keep_batch
+from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, cross_validation_folds, keep_batch
 from .errors import DataError, DataSettingError
 from .image_files import Interpolation, Resize, centre_crop, load_image_folder
 from .interfaces import HeldOutImages
@@ -70,6 +70,8 @@ class ImageDataModule(L.LightningDataModule):
         cutout: int = 0,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
+        folds: int = 0,
+        fold: int = 0,
         storage: Storage = "auto",
         pin_memory: bool = True,
         predict_dir: str | None = None,
@@ -97,6 +99,9 @@ class ImageDataModule(L.LightningDataModule):
                 Beta(alpha, alpha) (0.2 is a common start); 0 disables it.
             cutmix_alpha: CutMix: a box of another training image pasted in, labels by area, from Beta(alpha,
                 alpha) (1.0 is the usual); 0 disables it. With both on, each batch gets one of the two.
+            folds: Cross-validation: deal the training images into this many stratified folds, train on all but
+                fold ``fold`` and validate on it (check_labels.py runs each); 0: off.
+            fold: Which fold (counted from 0) is held out for validation when ``folds`` is set.
             storage: Where the images live: device (copied once to the accelerator; batches are gathered
                 there, no workers), memmap (memory-mapped, gathered by workers), or auto (device on a GPU
                 with room to spare, else memmap).
@@ -125,6 +130,11 @@ class ImageDataModule(L.LightningDataModule):
                 f"data.resized_crop_scale must be two shares 0 < low <= high <= 1, got {resized_crop_scale}"
             )
         check_choice("data.storage", storage, Storage)
+        if folds and not (folds >= 2 and 0 <= fold < folds):
+            raise ValueError(
+                f"data.folds must be 0 (off) or at least 2, with 0 <= data.fold < folds; got {folds}, {fold}"
+            )
+        self.folds, self.fold = folds, fold
         self.batch_size = batch_size
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size
@@ -210,6 +220,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def serve(self, stage: str, train: MemmapBatches, val: MemmapBatches, test: MemmapBatches) -> None:
         """Take the dataset's splits and get ready to serve them (called by a subclass's ``setup``)."""
+        if self.folds:  # the fold replaces the validation split; the test split stays as it is
+            train, val = cross_validation_folds(train, self.folds, self.fold, getattr(self, "split_seed", 0))
         self.train_set, self.val_set, self.test_set = train, val, test
         self.predict_set = test
         self.predict_names = []  # test-set images are named by their index (predict_name)
@@ -302,11 +314,24 @@ class ImageDataModule(L.LightningDataModule):
         """The test split, or the validation split where the data has no test split of its own; after setup()."""
         if self.test_set is None:
             raise DataError("held_out_images() needs setup() to have run")
-        images, labels = self.test_set.view(self.image_size)  # packed with a margin: its centre, as evaluated
         split = "val" if self.test_set is self.val_set and not self.validates_on_test_set else "test"
-        names = [self.predict_name(index) for index in range(len(labels))]
-        source = str(self.test_set.paths[0].parent)
-        return HeldOutImages(split, images, labels, names, self.title, source)
+        return self._images_of(self.test_set, split)
+
+    def validation_images(self) -> HeldOutImages:
+        """The validation split (with ``folds``, the fold held out), as evaluation serves it; after setup()."""
+        if self.val_set is None:
+            raise DataError("validation_images() needs setup() to have run")
+        return self._images_of(self.val_set, "val")
+
+    def image_names(self, split: MemmapBatches) -> list[str]:
+        """What each image of ``split`` is: its row in its file here; a subclass that reads files names them."""
+        rows = split.indices if split.indices is not None else range(len(split))
+        return [f"{split.paths[0].stem.removesuffix('_images')} row {row}" for row in rows]
+
+    def _images_of(self, split_set: MemmapBatches, split: str) -> HeldOutImages:
+        images, labels = split_set.view(self.image_size)  # packed with a margin: its centre, as evaluated
+        names = self.image_names(split_set)
+        return HeldOutImages(split, images, labels, names, self.title, str(split_set.paths[0].parent))
 
     def training_sample(self, count: int, seed: int = 0) -> np.ndarray:
         """``count`` training images drawn without replacement by ``seed`` (all classes, not the first rows)."""

@@ -138,3 +138,25 @@ class TensorBatches(Dataset):
 def keep_batch(batch: tuple[Tensor, ...] | Positions) -> tuple[Tensor, ...] | Positions:
     """Collate function for these datasets: they already return a whole batch."""
     return batch
+
+
+def cross_validation_folds(
+    split: MemmapBatches, folds: int, fold: int, seed: int
+) -> tuple[MemmapBatches, MemmapBatches]:
+    """(the training rows but fold ``fold``, fold ``fold``) of ``folds`` stratified folds of ``split``.
+
+    Each class's rows are shuffled by ``seed`` and dealt round-robin, so every fold holds each class in
+    its share and the folds of one seed partition the split: every image is held out exactly once.
+    """
+    images, labels = split.paths
+    rows = split.indices if split.indices is not None else np.arange(len(split))
+    row_labels = np.asarray(split.arrays[1])[rows]
+    rng = np.random.default_rng(seed)
+    held = np.zeros(len(rows), dtype=bool)
+    for label in np.unique(row_labels):
+        members = rng.permutation(np.flatnonzero(row_labels == label))
+        held[members[fold::folds]] = True
+    return (
+        MemmapBatches(images, labels, rows[~held], with_ids=split.with_ids),
+        MemmapBatches(images, labels, rows[held]),
+    )

@@ -296,6 +296,14 @@ class ImageFolderDataModule(ImageDataModule):
         fractions = (0.0 if given_val else self.val_fraction, 0.0 if given_test else self.test_fraction)
         return stratified_split(labels, fractions, self.split_seed)
 
+    @override
+    def image_names(self, split: MemmapBatches) -> list[str]:
+        """Each image's file, relative to ``image_dir`` (its key in the packed copy)."""
+        if self.packed is None:
+            return super().image_names(split)
+        keys = self.packed.keys(split.paths[0].name.removesuffix("_images.npy"))
+        return [keys[row] for row in (split.indices if split.indices is not None else range(len(split)))]
+
     @staticmethod
     def _split(packed: PackedImages, name: str) -> MemmapBatches:
         split = packed.split(name)

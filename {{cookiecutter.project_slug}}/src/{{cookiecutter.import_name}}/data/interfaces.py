@@ -98,3 +98,18 @@ class EvaluationData(Protocol):
     def training_sample(self, count: int, seed: int = 0) -> np.ndarray:
         """``count`` training images (all of them if fewer), drawn by ``seed``, uint8 (N, 3, S, S); after setup()."""
         ...
+
+
+@runtime_checkable
+class FoldedData(Protocol):
+    """A DataModule that cross-validates: ``data.folds`` and ``data.fold`` hold one fold out for validation.
+
+    What ``check_labels.py`` needs: each fold's run validates on images it did not train on.
+    """
+
+    folds: int
+    fold: int
+
+    def validation_images(self) -> HeldOutImages:
+        """The validation split (the fold held out), as evaluation serves it; after setup()."""
+        ...

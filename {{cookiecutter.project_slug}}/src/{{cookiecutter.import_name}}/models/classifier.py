@@ -222,8 +222,9 @@ class ImageClassifier(L.LightningModule):
         return self._evaluation_step(batch, self.val_metrics, "val").detach()
 
     @override
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluation_step(batch, self.test_metrics, "test")
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Returns the logits, for callbacks such as the evaluation report."""
+        return self._evaluation_step(batch, self.test_metrics, "test").detach()
 
     @override
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
