@@ -1,5 +1,7 @@
 """The command line as a user types it: real ``python main.py`` processes on a tiny archive."""
 
+import csv
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,9 +99,29 @@ def test_test_a_checkpoint_logs_inside_its_run(trained):
     last = run_dir / "checkpoints" / "last.ckpt"
     result = run_cli("test", *eval_args(root / "data", last), cwd=root)
     assert f"Loaded model weights from the checkpoint at {last}" in result.stderr + result.stdout
-    events = EventAccumulator(str(next((run_dir / "test").iterdir())))
+    test_dir = next((run_dir / "test").iterdir())
+    events = EventAccumulator(str(test_dir))
     events.Reload()
     assert "test/top1" in events.Tags()["scalars"]
+    # The evaluation report of CIFAR: every class, and its rows named by the test file's rows.
+    page = (test_dir / "report.html").read_text()
+    class_names = torch.load(last, weights_only=True)["hyper_parameters"]["class_names"]
+    assert all(f'<td class="text">{name}</td>' in page for name in class_names)
+    mistakes = list(csv.DictReader((test_dir / "mistakes.csv").read_text().splitlines()))
+    assert mistakes and mistakes[0]["image"].startswith("test row ") and page.count("<figure>") == len(mistakes)
+
+
+def test_test_with_a_runs_config_and_last_evaluates_that_run_not_the_latest_one(trained):
+    root, run_dir, _ = trained
+    decoy = run_dir.parent / "0decoy0decoy"  # a later run of the same experiment (check_labels.py makes such)
+    shutil.copytree(run_dir / "checkpoints", decoy / "checkpoints")
+    try:
+        (decoy / "checkpoints" / "last.ckpt").touch()  # the most recently written last.ckpt
+        for subcommand in ("test", "validate"):
+            result = run_cli(subcommand, "--config", str(run_dir / "config.yaml"), "--ckpt_path=last", cwd=root)
+            assert f"of {run_dir.relative_to(root)}/checkpoints/last.ckpt" in result.stdout + result.stderr
+    finally:
+        shutil.rmtree(decoy)
 
 
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning")

@@ -28,6 +28,8 @@ EXCLUDED_KEYS: tuple[str, ...] = (
     "trainer.default_root_dir",  # output location
     "trainer.logger",  # where and to which trackers metrics go (TensorBoard, MLflow, W&B), never what is computed
     "trainer.callbacks.*.init_args.dirpath",  # checkpoint location
+    "verbose",  # validate/test print their metrics (console output only); fit has no such switch
+    "return_predictions",  # predict keeps its outputs in memory as well; what it computes is the same
     "trainer.enable_progress_bar",  # console output only
     "trainer.enable_model_summary",  # console output only
     "trainer.log_every_n_steps",  # logging cadence only
