@@ -160,6 +160,8 @@ def test_the_finetune_preset_trains_the_head_then_everything_from_a_weights_file
     tested = run_cli("test", "--config", str(run.parents[1] / "config.yaml"), "--ckpt_path=last", cwd=tmp_path,
                      env=offline)  # fmt: skip
     assert "WeightAveraging" not in tested.stdout + tested.stderr  # nothing to restore outside fit, nothing said
+    (report,) = run.parents[1].glob("test/*/report.html")  # the report of a timm network: overlays where it errs
+    assert "no overlays" not in report.read_text() and "Per class" in report.read_text()
     model = ImageClassifier.load_from_checkpoint(run, map_location="cpu")
     assert torch.equal(model.state_dict()["backbone.network.fc.weight"], averaged["backbone.network.fc.weight"])
     exported = subprocess.run(
