@@ -42,8 +42,9 @@ def trained(tmp_path_factory):
 @pytest.mark.every_render
 def test_test_writes_a_report_of_every_class_and_the_most_confident_mistakes_with_overlays(trained):
     root, photos, run_dir = trained
-    run_cli("test", "--config", str(run_dir / "config.yaml"), "--ckpt_path=last", cwd=root)
+    tested = run_cli("test", "--config", str(run_dir / "config.yaml"), "--ckpt_path=last", cwd=root)
     (report,) = run_dir.glob("test/*/report.html")
+    assert tested.stdout.strip().splitlines()[-1] == f"Report: {report.relative_to(root)}"  # the closing line
     page = report.read_text()
     for name in CLASSES:
         assert f'<td class="text">{name}</td>' in page  # a per-class row (and a confusion-matrix row)

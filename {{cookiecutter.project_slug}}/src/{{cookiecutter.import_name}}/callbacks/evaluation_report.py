@@ -10,7 +10,6 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
-from lightning.pytorch.utilities import rank_zero_info
 from torchvision.utils import make_grid
 from typing_extensions import override
 
@@ -96,8 +95,7 @@ class EvaluationReport(L.Callback):
         with Partial(folder / "report.html") as path:
             path.write_text(page, encoding="utf-8")
         self.path = folder / "report.html"
-        self._to_tensorboard(trainer, classes, gallery)
-        rank_zero_info(f"Report: {self.path} (per_class.csv, mistakes.csv beside it)")
+        self._to_tensorboard(trainer, classes, gallery)  # main.py's closing lines name the report
 
     def _gathered(self, trainer: L.Trainer) -> tuple[np.ndarray, np.ndarray]:
         """Every rank's probabilities and labels, in the split's order, on rank 0 (others get what they hold)."""

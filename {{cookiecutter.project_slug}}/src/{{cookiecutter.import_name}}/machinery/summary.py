@@ -86,4 +86,6 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
 def evaluation_summary(trainer: L.Trainer, run: Run) -> str:
     """Where a validate/test/predict command logged, and which checkpoint it evaluated."""
     evaluated = run.checkpoint or "the untrained model (no --ckpt_path)"
-    return f"{run.subcommand.capitalize()} of {evaluated} logged to {run.directory}"
+    line = f"{run.subcommand.capitalize()} of {evaluated} logged to {run.directory}"
+    report = Path(run.directory) / "report.html"
+    return f"{line}\nReport: {report}" if run.subcommand == "test" and report.is_file() else line
