@@ -131,6 +131,19 @@ def test_distributed_validation_equals_single_process(ddp_run, monkeypatch):
     assert two_process == pytest.approx(float(single), abs=1e-6)
 
 
+def test_the_report_of_a_two_process_test_equals_the_single_process_one(ddp_run):
+    root, _ = ddp_run
+    last = only_run_dir(root) / "checkpoints" / "last.ckpt"
+    args = ["--config", str(default_config()), *FAST_ARGS, f"--data.data_dir={root / 'data'}", f"--ckpt_path={last}"]
+    ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml")]
+    run_cli("test", *args, *ddp, "--trainer.devices=2", cwd=root)
+    run_cli("test", *args, "--trainer.devices=1", cwd=root)
+    two, one = sorted(last.parents[1].glob("test/*/report.html"), key=lambda path: path.stat().st_mtime)
+    # Each rank judged its share; gathered in the split's order, the files are the single process's.
+    for name in ("per_class.csv", "mistakes.csv"):
+        assert (two.parent / name).read_text() == (one.parent / name).read_text()
+
+
 def write_indexed_folder(folder: Path, per_class: int = 16) -> Path:
     """Class folders of 32x32 PNGs (packed as they are) whose first two red pixels carry their packed row."""
     from PIL import Image
