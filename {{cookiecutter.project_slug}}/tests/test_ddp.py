@@ -131,6 +131,7 @@ def test_distributed_validation_equals_single_process(ddp_run, monkeypatch):
     assert two_process == pytest.approx(float(single), abs=1e-6)
 
 
+@pytest.mark.every_render  # every config writes the report; under DDP it is a collective
 def test_the_report_of_a_two_process_test_equals_the_single_process_one(ddp_run):
     root, _ = ddp_run
     last = only_run_dir(root) / "checkpoints" / "last.ckpt"

@@ -64,9 +64,9 @@ class EvaluationReport(L.Callback):
     @override
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         probabilities, labels = self._gathered(trainer)
+        folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective call: every rank makes it
         if not trainer.is_global_zero or not len(labels):
             return
-        folder = Path(trainer.log_dir or trainer.default_root_dir)
         folder.mkdir(parents=True, exist_ok=True)
         class_names = list(getattr(pl_module, "class_names", None) or range(probabilities.shape[1]))
         predicted = probabilities.argmax(axis=1)
