@@ -275,9 +275,7 @@ class ImageFolderDataModule(ImageDataModule):
                 f"{self.image_dir}: no image is left for validation; add images or raise data.val_fraction"
             )
         self.serve(stage, train, val, test)
-        keys = packed.keys("test" if given_test else ("val" if given_val and test is val else "train"))
-        rows = test.indices if test.indices is not None else range(len(test))
-        self.predict_names = [keys[row] for row in rows]
+        self.predict_names = self.image_names(test)
         if stage in ("test", "predict") and self.tests_on_validation_set:
             rank_zero_info("Data: no test split (data.test_fraction is 0): test and predict read the validation images")
 
