@@ -3,6 +3,7 @@
 from .cifar import CifarDataModule
 from .datamodule import ImageDataModule
 from .folder import ImageFolderDataModule
+from .streamed import StreamedImageDataModule
 from .interfaces import BatchPlan, DataSummary, Fingerprinted, PredictionNames, TrainingImages, ValidationSplit
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "ImageDataModule",
     "ImageFolderDataModule",
     "PredictionNames",
+    "StreamedImageDataModule",
     "TrainingImages",
     "ValidationSplit",
 ]

@@ -125,7 +125,8 @@ _arrays: dict[Path, np.ndarray] = {}
 Task = tuple[str, str, tuple[int, str, str, float]]
 
 
-def _decode(task: Task) -> tuple[bytes | None, str]:
+def decode_task(task: Task) -> tuple[bytes | None, str]:
+    """The image a task names, as (C, H, W) uint8 bytes, or (None, why it is not a readable image)."""
     root, key, rule = task
     if ":" in key and key.split(":", 1)[0].endswith(".npy"):  # a row of an array file
         name, row = key.rsplit(":", 1)
@@ -143,13 +144,13 @@ def _decode(task: Task) -> tuple[bytes | None, str]:
 
 def _decoded(tasks: list[Task], workers: int) -> Iterator[tuple[bytes | None, str]]:
     if workers <= 1 or len(tasks) < 64:
-        yield from map(_decode, tasks)
+        yield from map(decode_task, tasks)
         return
     # fork: the workers need only PIL and numpy, and start at once (spawn would import the project anew).
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with context.Pool(workers) as pool:
-        yield from pool.imap(_decode, tasks, chunksize=16)
+        yield from pool.imap(decode_task, tasks, chunksize=16)
 
 
 def default_workers() -> int:

@@ -23,6 +23,8 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r"LightningCLI's args parameter is intended to run from within Python", UserWarning),
     # the model's configure_model only compiles (it shards nothing), which the averaged copy does not need
     (r"You're using the WeightAveraging callback with a model that overrides the configure_model", UserWarning),
+    # litdata's streaming dataset shards over the loader's workers itself, so its length is exact
+    (r"Your `IterableDataset` has `__len__` defined", UserWarning),
 )
 # Lightning's info lines that say nothing here: why each.
 KNOWN_LINES = re.compile(
@@ -32,11 +34,18 @@ KNOWN_LINES = re.compile(
     r"|An? \w+ was raised with message:"
 )
 
+# litdata's advice to cache at least 25 GB, at every start below it: data.max_cache_size is the user's choice
+LITDATA_LINES = re.compile(r"The provided `max_cache_size` is less than")
+
 
 class _DropKnownLines(logging.Filter):
+    def __init__(self, pattern: re.Pattern[str] = KNOWN_LINES) -> None:
+        super().__init__()
+        self.pattern = pattern
+
     @override
     def filter(self, record: logging.LogRecord) -> bool:
-        return not KNOWN_LINES.match(record.getMessage())
+        return not self.pattern.match(record.getMessage())
 
 
 def silence_known_noise() -> None:
@@ -46,3 +55,6 @@ def silence_known_noise() -> None:
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(existing, _DropKnownLines) for existing in rank_zero.filters):
         rank_zero.addFilter(_DropKnownLines())
+    streaming = logging.getLogger("litdata.streaming.dataset")
+    if not any(isinstance(existing, _DropKnownLines) for existing in streaming.filters):
+        streaming.addFilter(_DropKnownLines(LITDATA_LINES))

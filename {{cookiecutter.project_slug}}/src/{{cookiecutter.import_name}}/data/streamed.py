@@ -1,0 +1,427 @@
+"""Your own images streamed to every rank from object storage (or a folder), as ``pack.py`` packed them with litdata.
+
+Training streams: each rank reads its share of litdata's chunks through a local cache of bounded
+size, in litdata's seeded order of epoch e, a few images per item (``pack.py``). The held-out
+splits are small and read whole: once per machine, into the cache (``prepare_data``), then served
+from a memory map like a local copy, so validation, the test report and ``export.py`` see each
+image exactly once under any number of ranks. The run's identity is the dataset's digest (what was
+packed), not its URL: a copy moved to another bucket is the same data.
+
+A resumed epoch restarts litdata's loader at the batch after the last one trained, from the trainer's
+own progress (as ``loader.py`` does for the memory map): the order, the augmentation and the weights
+equal an uninterrupted run's for the same ranks, workers and batch size.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from ..foundation.files import NoSpaceError, Partial, free_bytes, megabytes
+from .datamodule import ImageDataModule, leave_signals_to_the_main_process
+from .dataset import MemmapBatches
+from .errors import DataError, DataSettingError
+from .image_files import Interpolation, centre_crop
+from .object_store import allow_plain_http, check_location, is_remote, join, store_error
+from .stream_packing import DATASET_FILE, STREAM_FORMAT_VERSION, read_record
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+HELD_OUT = ("val", "test")
+_records: dict[tuple[str, str], dict[str, Any]] = {}  # one read of a dataset's record per process
+
+
+def dataset_record(source: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``dataset.json`` of the packed dataset at ``source``, or a one-line refusal of a store that has none."""
+    source = check_location(source, "data.source")
+    key = (source, json.dumps(dict(storage_options or {}), sort_keys=True))
+    if key not in _records:
+        try:
+            import litdata  # noqa: F401  (the optional extra)
+        except ImportError:
+            raise DataSettingError('streaming needs litdata; pip install -e ".[streaming]"') from None
+        allow_plain_http()
+        record = read_record(source, dict(storage_options or {}))
+        if record is None:
+            raise DataSettingError(
+                f"data.source {source} holds no packed dataset ({DATASET_FILE} is missing); pack one there with "
+                f"python pack.py --data.image_dir <images> --output {source}, or check the URL"
+            )
+        if record.get("format_version") != STREAM_FORMAT_VERSION:
+            raise DataSettingError(f"{source} was packed by another release of pack.py; pack it again")
+        _records[key] = record
+    return _records[key]
+
+
+def _concatenated(items: Sequence[dict[str, Any]]) -> tuple[Tensor, Tensor, Tensor]:
+    """A batch of items (each a few images) as one batch of images, labels and ids."""
+    images = torch.from_numpy(np.concatenate([item["images"] for item in items]))
+    labels = torch.from_numpy(np.concatenate([item["labels"] for item in items]))
+    ids = torch.from_numpy(np.concatenate([item["ids"] for item in items]))
+    return images, labels, ids
+
+
+def _stream_worker_init(worker_id: int) -> None:
+    allow_plain_http()
+    leave_signals_to_the_main_process(worker_id)
+
+
+def _loader_class() -> type:
+    from litdata import StreamingDataLoader
+
+    class EpochStreamingLoader(StreamingDataLoader):
+        """litdata's loader whose epoch is the trainer's, resumed at the trainer's own batch count.
+
+        litdata counts epochs by the iterators made and restores a position from its own ``state_dict``,
+        which counts the batch the trainer's fetcher prefetched; the trainer's restored progress is what
+        was trained (the reason ``loader.py`` skips batches for the memory map).
+        """
+
+        def __init__(
+            self, *args: Any, current_epoch: Callable[[], int | None], batches_done: Callable[[], int], **kwargs: Any
+        ) -> None:
+            super().__init__(*args, **kwargs)
+            self.trainer_epoch, self.batches_done = current_epoch, batches_done
+
+        def __iter__(self) -> Iterator[Any]:
+            epoch = self.trainer_epoch()
+            if epoch is not None:
+                done = self.batches_done()
+                if done:
+                    self._resume(epoch + 1, done)  # litdata counts epochs from 1
+                else:
+                    self.restore = False
+                    self.current_epoch = epoch  # litdata adds one as a fresh epoch starts
+            return super().__iter__()
+
+        def _resume(self, epoch: int, done: int) -> None:
+            self.current_epoch = epoch
+            self.dataset.set_epoch(epoch)
+            self.dataset.reset_state_dict()
+            yielded = done * self.batch_size
+            state = {
+                "dataset": self.dataset.state_dict(yielded, self.num_workers, self.batch_size),
+                "current_epoch": epoch,
+                "num_samples_yielded": yielded,
+                "latest_worker_idx": (done - 1) % max(1, self.num_workers),
+            }
+            self.load_state_dict(state)
+
+    return EpochStreamingLoader
+
+
+class StreamedImageDataModule(ImageDataModule):
+    """Batches of your own images (uint8 (N, 3, S, S)) streamed from a dataset ``pack.py`` wrote."""
+
+    def __init__(
+        self,
+        source: str = "data/streamed",
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str = "data/stream_cache",
+        max_cache_size: str = "50GB",
+        image_size: int | None = None,
+        class_names: list[str] | None = None,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        interpolation: Interpolation | None = None,
+        crop_pct: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Configure the stream.
+
+        Args:
+            source: Where pack.py put the dataset: s3://bucket/prefix, gs://..., r2://..., or a folder.
+            storage_options: Options for the store's client beyond the AWS_* variables (endpoint_url,
+                aws_access_key_id, ...), as litdata passes them.
+            cache_dir: Local folder for the streamed chunks (bounded by max_cache_size) and the held-out images.
+            max_cache_size: Most disk the training chunks take in cache_dir (e.g. 50GB); older chunks are evicted.
+            image_size: Side in pixels the network sees; null: the packed size (pack.py --data.image_size).
+            class_names: The classes; null: the packed dataset's (a checkpoint's are checked against them).
+            mean: Per-channel mean the network normalizes with; null: the network's pretrained weights', else
+                ImageNet's.
+            std: Per-channel standard deviation, as mean.
+            interpolation: How the images were resized; null: as packed (a value that differs is refused:
+                pack again with it).
+            crop_pct: The evaluation crop's share the images were packed with; null: as packed (as interpolation).
+            **kwargs: How batches are served and augmented (``ImageDataModule``).
+        """
+        super().__init__(**kwargs)
+        self.source = check_location(source, "data.source")
+        self.storage_options = dict(storage_options or {})
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.max_cache_size = max_cache_size
+        record = dataset_record(self.source, self.storage_options)
+        self.record = record
+        for key, value in (("image_size", image_size), ("interpolation", interpolation), ("crop_pct", crop_pct)):
+            if value is not None and value != record[key]:
+                raise ValueError(
+                    f"data.{key} is {value}, but {self.source} was packed with {key} {record[key]}; leave "
+                    f"data.{key} out (null) to use it, or pack again with pack.py --data.{key} {value}"
+                )
+        if class_names and list(class_names) != record["class_names"]:
+            raise ValueError(
+                f"{self.source} holds the classes {record['class_names'][:5]}..., the model was trained on "
+                f"{list(class_names)[:5]}...; point data.source at the images the model was trained on"
+            )
+        if self.folds:
+            raise ValueError("data.folds: cross-validation reads a local copy; run check_labels.py on the folder")
+        per_item = int(record["images_per_item"])
+        if self.global_batch_size is None and self.batch_size % per_item:
+            raise ValueError(
+                f"{self.source} stores {per_item} images per item, and data.batch_size {self.batch_size} is not a "
+                f"multiple of it; set data.batch_size to one (e.g. {max(per_item, self.batch_size // per_item * per_item)})"
+            )
+        self.class_names = list(record["class_names"])
+        self.image_size = int(record["image_size"])
+        self.resize = record["resize"]
+        self.interpolation = record["interpolation"]
+        self.crop_pct = float(record["crop_pct"])
+        self.side = int(record["side"])
+        # The checkpoint and HPARAMS record what was used (the model's copies must agree), not the nulls.
+        resolved = {"image_size": self.image_size, "interpolation": self.interpolation, "crop_pct": self.crop_pct}
+        self.save_hyperparameters({**self.hparams, **resolved})
+        self.per_item = int(record["images_per_item"])
+        self.class_counts = list(record["class_counts"]["train"])
+        self.mean = tuple(mean) if mean is not None else IMAGENET_MEAN
+        self.std = tuple(std) if std is not None else IMAGENET_STD
+        self.title = f"streamed from {self.source}"
+        self.storage = "memmap"  # streamed chunks are read by the loader's workers
+        self.streamed_train: Any = None  # litdata's dataset of the training split, made in setup()
+
+    @classmethod
+    def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
+        """The packed dataset's digest (every image's path, size and time, and the packing settings)."""
+        if stage == "predict" and settings.get("predict_dir"):
+            return f"images:{settings['predict_dir']}"
+        record = dataset_record(settings.get("source", "data/streamed"), settings.get("storage_options"))
+        return f"images:{record['digest']}"
+
+    @property
+    def cache_root(self) -> Path:
+        """This dataset's place in the cache: a fixed function of the dataset (litdata's resume state records it)."""
+        return self.cache_dir / self.record["digest"][:16]
+
+    @override
+    def use_data_dir(self, folder: Path) -> None:
+        """Stream from ``folder`` (a copy of the packed dataset) instead (``export.py --data_dir``)."""
+        record = dataset_record(str(folder), self.storage_options)
+        if record["digest"] != self.record["digest"]:
+            raise DataSettingError(f"{folder} holds another packed dataset than {self.source}; pass a copy of it")
+        self.source, self.record = check_location(str(folder), "--data_dir"), record
+
+    @override
+    def prepare_data(self) -> None:
+        """Read the held-out splits once per machine into the cache (whole, or not at all)."""
+        if self._predicting_own_images():
+            return
+        for split in HELD_OUT:
+            if split in self.record["counts"] and not self._held_out_path(split).is_dir():
+                self._read_held_out(split)
+
+    def _input_dir(self, split: str, cache: str) -> Any:
+        """litdata's input of ``split``: in object storage, through the cache folder ``cache`` of this dataset."""
+        from litdata.streaming.resolver import Dir
+
+        if not is_remote(self.source):
+            return join(self.source, split)
+        return Dir(path=str(self.cache_root / cache), url=join(self.source, split))
+
+    def _held_out_path(self, split: str) -> Path:
+        return self.cache_root / split
+
+    def _read_held_out(self, split: str) -> None:
+        from litdata import StreamingDataset
+
+        allow_plain_http()
+        count = self.record["counts"][split]
+        needed = count * 3 * self.side * self.side
+        target = self._held_out_path(split)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if free_bytes(target.parent) < needed * 1.05 + 2**20:
+            raise NoSpaceError(
+                target, needed, free_bytes(target.parent), remedy="point data.cache_dir at a disk with room"
+            )
+        partial = Partial(target, needed)
+        try:
+            partial.path.mkdir()
+            dataset = StreamingDataset(
+                input_dir=self._input_dir(split, f"{split}-chunks"),
+                storage_options=self.storage_options,
+            )
+            images = np.lib.format.open_memmap(
+                partial.path / f"{split}_images.npy", mode="w+", dtype=np.uint8, shape=(count, 3, self.side, self.side)
+            )
+            labels, ids, names, filled = [], [], [], 0
+            for index in range(len(dataset)):
+                item = dataset[index]
+                images[filled : filled + len(item["ids"])] = item["images"]
+                filled += len(item["ids"])
+                labels.append(item["labels"])
+                ids.append(item["ids"])
+                names += item["names"].split("\n") if item["names"] else []
+            order = np.argsort(np.concatenate(ids), kind="stable")  # back in the split's order
+            kept = np.lib.format.open_memmap(
+                partial.path / f"{split}.npy", mode="w+", dtype=np.uint8, shape=(filled, 3, self.side, self.side)
+            )
+            kept[:] = images[:filled][order]
+            kept.flush()
+            del images, kept
+            (partial.path / f"{split}.npy").replace(partial.path / f"{split}_images.npy")
+            np.save(partial.path / f"{split}_labels.npy", np.concatenate(labels)[order])
+            (partial.path / f"{split}_files.txt").write_text(
+                "".join(f"{names[i]}\n" for i in order), encoding="utf-8"
+            )
+            partial.commit()
+        except BaseException as error:
+            partial.discard_after(error)
+            if isinstance(error, (DataError, NoSpaceError, KeyboardInterrupt, SystemExit)):
+                raise
+            raise store_error(error, self.source) from error
+        finally:
+            import shutil
+
+            shutil.rmtree(self.cache_root / f"{split}-chunks", ignore_errors=True)
+        rank_zero_info(f"Data: {split} split of {self.source} read into {target} ({megabytes(needed)})")
+
+    def _held_out(self, split: str) -> MemmapBatches:
+        folder = self._held_out_path(split)
+        return MemmapBatches(folder / f"{split}_images.npy", folder / f"{split}_labels.npy")
+
+    @override
+    def setup(self, stage: str) -> None:
+        if stage == "predict" and self.predict_dir is not None:
+            self.setup_own_predictions()
+            return
+        from litdata import StreamingDataset
+
+        allow_plain_http()
+        for split in HELD_OUT:  # another machine's prepare_data may not have been this one's
+            if split in self.record["counts"] and not self._held_out_path(split).is_dir():
+                self._read_held_out(split)
+        val = self._held_out("val")
+        test = self._held_out("test") if "test" in self.record["counts"] else val
+        self.tests_on_validation_set = test is val
+        try:
+            # Built here, after the process group exists: litdata reads the world size once, when it is made.
+            self.streamed_train = StreamingDataset(
+                input_dir=self._input_dir("train", "train"),
+                shuffle=True,
+                drop_last=True,  # every rank gets as many batches (ranks otherwise wait at epoch end)
+                seed=int(torch.initial_seed()),
+                storage_options=self.storage_options,
+                max_cache_size=self.max_cache_size,
+            )
+        except Exception as error:
+            raise store_error(error, self.source) from error
+        train = _StreamedSplit(self.record["counts"]["train"])
+        self.serve(stage, train, val, test)  # type: ignore[arg-type]
+        batches = self._sizes()
+        if batches.per_device % self.per_item:
+            knob = "data.global_batch_size" if self.global_batch_size is not None else "data.batch_size"
+            raise DataSettingError(
+                f"{self.source} stores {self.per_item} images per item, and a batch of {batches.per_device} per device "
+                f"is not a multiple of it; set {knob} to make it one"
+            )
+        self.predict_names = self.image_names(test)
+
+    @override
+    def _keep_on(self, device: torch.device) -> bool:
+        return False
+
+    @override
+    def image_names(self, split: MemmapBatches) -> list[str]:
+        names_file = split.paths[0].with_name(split.paths[0].name.replace("_images.npy", "_files.txt"))
+        names = names_file.read_text(encoding="utf-8").splitlines()
+        return [names[row] for row in (split.indices if split.indices is not None else range(len(split)))]
+
+    @override
+    def data_summary(self) -> str | None:
+        if self.val_set is None:
+            return None
+        return (
+            f"{self.record['counts']['train']:,} training images (streamed, {self.per_item} per item) and "
+            f"{len(self.val_set):,} validation images of {self.num_classes} classes at {self.image_size} px "
+            f"(from {self.source})"
+        )
+
+    def _streamed_images(self, positions: Sequence[int]) -> np.ndarray:
+        """Training images at ``positions`` of the stream's fixed (unshuffled) item order, centre as evaluated."""
+        from litdata import StreamingDataset
+
+        dataset = StreamingDataset(
+            input_dir=self._input_dir("train", "train-sample"),
+            storage_options=self.storage_options,
+        )
+        wanted = sorted(set(positions))
+        items: dict[int, np.ndarray] = {}
+        for item_index in sorted({position // self.per_item for position in wanted}):
+            if item_index < len(dataset):
+                items[item_index] = dataset[item_index]["images"]
+        found = [
+            items[p // self.per_item][p % self.per_item]
+            for p in wanted
+            if p // self.per_item in items and p % self.per_item < len(items[p // self.per_item])
+        ]
+        stacked = np.stack(found) if found else np.zeros((0, 3, self.side, self.side), np.uint8)
+        return np.ascontiguousarray(centre_crop(stacked, self.image_size))
+
+    @override
+    def training_sample(self, count: int, seed: int = 0) -> np.ndarray:
+        """``count`` training images drawn by ``seed`` from the stream (int8 calibration)."""
+        total = self.record["counts"]["train"]
+        count = min(count, total)
+        positions = np.sort(np.random.default_rng(seed).choice(total, size=count, replace=False))
+        return self._streamed_images(positions.tolist())
+
+    @override
+    def train_images(self, count: int) -> Tensor:
+        return torch.from_numpy(self._streamed_images(range(min(count, self.record["counts"]["train"]))))
+
+    @override
+    def _loader(self, split: str, batch_size: int, train: bool) -> DataLoader:
+        if not train:
+            return super()._loader(split, batch_size, train)
+        workers = self.num_workers
+        return _loader_class()(
+            self.streamed_train,
+            batch_size=batch_size // self.per_item,
+            num_workers=workers,
+            collate_fn=_concatenated,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            worker_init_fn=_stream_worker_init if workers > 0 else None,
+            current_epoch=self._current_epoch,
+            batches_done=self._batches_done,
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Which dataset the run streamed (its digest), and from where."""
+        return {"source": self.source, "digest": self.record["digest"]}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        digest = state_dict.get("digest")
+        if digest is not None and digest != self.record["digest"]:
+            raise DataSettingError(
+                f"data.source {self.source} holds another dataset than the run streamed ({state_dict.get('source')}); "
+                "point data.source at that one"
+            )
+
+
+class _StreamedSplit:
+    """The training split's length, for what the DataModule derives from it (batch sizes, the summary)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
