@@ -74,6 +74,7 @@ def read_text(location: str, name: str, options: Mapping[str, Any]) -> str | Non
     provider = _provider(path, options)
     try:
         if not provider.exists(path):
+            _check_bucket(provider, location)
             return None
     except Exception as error:
         raise store_error(error, location) from error
@@ -84,6 +85,13 @@ def read_text(location: str, name: str, options: Mapping[str, Any]) -> str | Non
         except Exception as error:
             raise store_error(error, location) from error
         return Path(local).read_text(encoding="utf-8")
+
+
+def _check_bucket(provider: Any, location: str) -> None:
+    """Raise the store's own error when the bucket of ``location`` does not exist (S3; others say it on read)."""
+    client = getattr(getattr(provider, "client", None), "client", None)
+    if client is not None and urlparse(location).scheme == "s3":
+        client.head_bucket(Bucket=urlparse(location).netloc)
 
 
 def write_text(location: str, name: str, text: str, options: Mapping[str, Any]) -> None:
@@ -113,7 +121,7 @@ def store_error(error: BaseException, location: str) -> DataError:
     if isinstance(response, dict):
         code = str(response.get("Error", {}).get("Code", ""))
     bucket = urlparse(location).netloc
-    if "NoSuchBucket" in (code + text):
+    if "NoSuchBucket" in (code + text) or (code in ("404", "NotFound") and "HeadBucket" in text):
         return DataError(f"{location}: the bucket {bucket} does not exist; create it, or check the URL's bucket name")
     credentials = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "403", "ExpiredToken")
     if any(word in code for word in credentials) or "NoCredentialsError" in text or "Unable to locate credentials" in text:

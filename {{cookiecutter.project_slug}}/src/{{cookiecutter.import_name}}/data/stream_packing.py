@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,51 @@ def _wait_for_node_indexes(split_dir: str, nodes: int) -> None:
         time.sleep(NODE_WAIT_SECONDS)
 
 
+def _optimize_split(
+    maker: ItemMaker,
+    output: str,
+    split: str,
+    groups: list[Group],
+    workers: int,
+    storage_options: dict[str, Any],
+    nodes: int,
+    node_rank: int,
+) -> None:
+    """One split's items written by litdata under ``<output>/<split>/`` (this node's share of them)."""
+    from litdata import optimize
+
+    split_dir = join(output, split)
+    if nodes > 1 and node_rank == nodes - 1 and not is_remote(output):
+        Path(split_dir).mkdir(parents=True, exist_ok=True)
+        _wait_for_node_indexes(split_dir, nodes)
+    try:
+        optimize(
+            fn=maker,
+            inputs=groups,
+            output_dir=split_dir,
+            chunk_bytes=CHUNK_BYTES,
+            num_workers=max(1, min(workers, len(groups))),
+            reorder_files=False,
+            # Not litdata's default: that deletes what is there, other nodes' chunks included; a
+            # second packing of the same images is refused above (dataset.json), another one below.
+            mode="append",
+            storage_options=storage_options,
+            verbose=False,
+            start_method="fork" if os.name == "posix" else None,
+        )
+    except (DataError, DataSettingError):
+        raise
+    except Exception as error:
+        cause = error
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, DataError):
+            raise cause from error
+        if is_remote(output):
+            raise store_error(cause, output) from error
+        raise
+
+
 def pack_to_store(
     found: LabelledImages,
     settings: PackSettings,
@@ -145,8 +191,6 @@ def pack_to_store(
     node_rank: int = 0,
 ) -> dict[str, Any]:
     """Pack ``found`` at ``output``; returns the dataset record (``dataset.json``) the last node writes."""
-    from litdata import optimize
-
     allow_plain_http()
     digest = manifest_digest(found, settings)
     existing = read_record(output, storage_options)
@@ -164,38 +208,13 @@ def pack_to_store(
     os.environ["DATA_OPTIMIZER_NUM_NODES"] = str(nodes)
     os.environ["DATA_OPTIMIZER_NODE_RANK"] = str(node_rank)
     maker = ItemMaker(str(found.root), settings, strict)
-    for split, entries in planned.items():
-        split_dir = join(output, split)
-        groups = grouped(entries, per_item, split_seed)
-        if nodes > 1 and node_rank == nodes - 1 and not is_remote(output):
-            Path(split_dir).mkdir(parents=True, exist_ok=True)
-            _wait_for_node_indexes(split_dir, nodes)
-        try:
-            optimize(
-                fn=maker,
-                inputs=groups,
-                output_dir=split_dir,
-                chunk_bytes=CHUNK_BYTES,
-                num_workers=max(1, min(workers, len(groups))),
-                reorder_files=False,
-                # Not litdata's default: that deletes what is there, other nodes' chunks included; a
-                # second packing of the same images is refused above (dataset.json), another one below.
-                mode="append",
-                storage_options=storage_options,
-                verbose=False,
-                start_method="fork" if os.name == "posix" else None,
-            )
-        except (DataError, DataSettingError):
-            raise
-        except Exception as error:
-            cause = error
-            while cause.__cause__ is not None:
-                cause = cause.__cause__
-            if isinstance(cause, DataError):
-                raise cause from error
-            if is_remote(output):
-                raise store_error(cause, output) from error
-            raise
+    with tempfile.TemporaryDirectory(prefix="pack-") as scratch:
+        # litdata stages chunks in one folder per machine by default; packers sharing a machine would collide.
+        os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = os.path.join(scratch, "chunks")
+        os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = os.path.join(scratch, "data")
+        for split, entries in planned.items():
+            groups = grouped(entries, per_item, split_seed)
+            _optimize_split(maker, output, split, groups, workers, storage_options, nodes, node_rank)
     record = {
         "format_version": STREAM_FORMAT_VERSION,
         "digest": digest,

@@ -93,15 +93,25 @@ def _loader_class() -> type:
             self.trainer_epoch, self.batches_done = current_epoch, batches_done
 
         def __iter__(self) -> Iterator[Any]:
+            # Started at the first batch: a resumed fit makes its iterator before it restores its progress.
+            batches = super().__iter__()
+
+            def from_first_batch() -> Iterator[Any]:
+                self._start_epoch()
+                yield from batches
+
+            return from_first_batch()
+
+        def _start_epoch(self) -> None:
             epoch = self.trainer_epoch()
-            if epoch is not None:
-                done = self.batches_done()
-                if done:
-                    self._resume(epoch + 1, done)  # litdata counts epochs from 1
-                else:
-                    self.restore = False
-                    self.current_epoch = epoch  # litdata adds one as a fresh epoch starts
-            return super().__iter__()
+            if epoch is None:
+                return
+            done = self.batches_done()
+            if done:
+                self._resume(epoch + 1, done)  # litdata counts epochs from 1
+            else:
+                self.restore = False
+                self.current_epoch = epoch  # litdata adds one as a fresh epoch starts
 
         def _resume(self, epoch: int, done: int) -> None:
             self.current_epoch = epoch
@@ -261,7 +271,8 @@ class StreamedImageDataModule(ImageDataModule):
                 partial.path / f"{split}_images.npy", mode="w+", dtype=np.uint8, shape=(count, 3, self.side, self.side)
             )
             labels, ids, names, filled = [], [], [], 0
-            for index in range(len(dataset)):
+            # Every item, whatever this process's rank: len(dataset) would be this rank's share under DDP.
+            for index in range(-(-count // self.per_item)):
                 item = dataset[index]
                 images[filled : filled + len(item["ids"])] = item["images"]
                 filled += len(item["ids"])
@@ -396,6 +407,8 @@ class StreamedImageDataModule(ImageDataModule):
             batch_size=batch_size // self.per_item,
             num_workers=workers,
             collate_fn=_concatenated,
+            # The workers' base seed from the loader's own generator: the global random stream stays the run's.
+            generator=torch.Generator().manual_seed(self.seed),
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             worker_init_fn=_stream_worker_init if workers > 0 else None,
             current_epoch=self._current_epoch,
