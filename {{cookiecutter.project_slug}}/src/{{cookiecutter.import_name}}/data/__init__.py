@@ -3,8 +3,8 @@
 from .cifar import CifarDataModule
 from .datamodule import ImageDataModule
 from .folder import ImageFolderDataModule
-from .streamed import StreamedImageDataModule
 from .interfaces import BatchPlan, DataSummary, Fingerprinted, PredictionNames, TrainingImages, ValidationSplit
+from .streamed import StreamedImageDataModule
 
 __all__ = [
     "BatchPlan",

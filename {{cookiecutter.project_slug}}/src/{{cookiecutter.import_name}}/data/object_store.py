@@ -124,9 +124,14 @@ def store_error(error: BaseException, location: str) -> DataError:
     if "NoSuchBucket" in (code + text) or (code in ("404", "NotFound") and "HeadBucket" in text):
         return DataError(f"{location}: the bucket {bucket} does not exist; create it, or check the URL's bucket name")
     credentials = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "403", "ExpiredToken")
-    if any(word in code for word in credentials) or "NoCredentialsError" in text or "Unable to locate credentials" in text:
+    if (
+        any(word in code for word in credentials)
+        or "NoCredentialsError" in text
+        or "Unable to locate credentials" in text
+    ):
         return DataError(
-            f"{location}: the store refused the credentials ({code or type(error).__name__}); set AWS_ACCESS_KEY_ID and "
+            f"{location}: the store refused the credentials ({code or type(error).__name__}); set AWS_ACCESS_KEY_ID "
+            "and "
             "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or data.storage_options, to keys that may read and write it"
         )
     unreachable = ("EndpointConnectionError", "ConnectTimeout", "ConnectionError", "Could not connect", "timed out")
@@ -137,5 +142,6 @@ def store_error(error: BaseException, location: str) -> DataError:
             f"{location}: the store{at} does not answer ({type(error).__name__}); check the network, "
             "AWS_ENDPOINT_URL or data.storage_options' endpoint_url"
         )
-    return DataError(f"{location}: the store could not be used ({text.splitlines()[0][:200]}); check the URL and access")
-
+    return DataError(
+        f"{location}: the store could not be used ({text.splitlines()[0][:200]}); check the URL and access"
+    )

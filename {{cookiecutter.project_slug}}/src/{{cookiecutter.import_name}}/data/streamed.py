@@ -186,9 +186,10 @@ class StreamedImageDataModule(ImageDataModule):
             raise ValueError("data.folds: cross-validation reads a local copy; run check_labels.py on the folder")
         per_item = int(record["images_per_item"])
         if self.global_batch_size is None and self.batch_size % per_item:
+            suggestion = max(per_item, self.batch_size // per_item * per_item)
             raise ValueError(
                 f"{self.source} stores {per_item} images per item, and data.batch_size {self.batch_size} is not a "
-                f"multiple of it; set data.batch_size to one (e.g. {max(per_item, self.batch_size // per_item * per_item)})"
+                f"multiple of it; set data.batch_size to one (e.g. {suggestion})"
             )
         self.class_names = list(record["class_names"])
         self.image_size = int(record["image_size"])
@@ -288,9 +289,7 @@ class StreamedImageDataModule(ImageDataModule):
             del images, kept
             (partial.path / f"{split}.npy").replace(partial.path / f"{split}_images.npy")
             np.save(partial.path / f"{split}_labels.npy", np.concatenate(labels)[order])
-            (partial.path / f"{split}_files.txt").write_text(
-                "".join(f"{names[i]}\n" for i in order), encoding="utf-8"
-            )
+            (partial.path / f"{split}_files.txt").write_text("".join(f"{names[i]}\n" for i in order), encoding="utf-8")
             partial.commit()
         except BaseException as error:
             partial.discard_after(error)

@@ -53,14 +53,20 @@ def parser() -> LightningArgumentParser:
     parser = OneLineErrorParser(description=sys.modules["__main__"].__doc__ or __doc__, env_prefix="PACK")
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
     parser.add_class_arguments(ImageFolderDataModule, "data", fail_untyped=False)
-    parser.add_argument("--output", type=str, required=True, help="where the dataset goes: s3://bucket/prefix, gs://..., or a folder")
     parser.add_argument(
-        "--images_per_item", type=int | None, default=None,
-        help="images stored together in one litdata item; default: about 128 KiB of pixels (16 at 48 px, 1 from 208 px)",
+        "--output", type=str, required=True, help="where the dataset goes: s3://bucket/prefix, gs://..., or a folder"
+    )
+    parser.add_argument(
+        "--images_per_item",
+        type=int | None,
+        default=None,
+        help="images stored together in one litdata item; default: about 128 KiB of pixels (16 at 48 px, 1 at 224)",
     )
     parser.add_argument("--workers", type=int | None, default=None, help="decoding processes; default: the cores")
     parser.add_argument(
-        "--storage_options", type=dict[str, Any] | None, default=None,
+        "--storage_options",
+        type=dict[str, Any] | None,
+        default=None,
         help="options for the store's client beyond the AWS_* variables (endpoint_url, aws_access_key_id, ...)",
     )
     return parser
