@@ -257,12 +257,12 @@ def test_a_packing_that_fails_half_way_leaves_nothing_a_later_run_could_take_for
             raise OSError(28, "No space left on device")
         return real(task)
 
-    real = packing._decode
-    monkeypatch.setattr(packing, "_decode", fails_on_the_fifth)
+    real = packing.decode_task
+    monkeypatch.setattr(packing, "decode_task", fails_on_the_fifth)
     with pytest.raises(NoSpaceError, match=r"no space left on the disk of .*packed to write photos-16px-"):
         pack(find_images(photos), PackSettings(16, "crop"), tmp_path / "packed", workers=1)
     assert [path.name for path in (tmp_path / "packed").iterdir() if not path.name.endswith(".lock")] == []
-    monkeypatch.setattr(packing, "_decode", real)
+    monkeypatch.setattr(packing, "decode_task", real)
     packed = pack(find_images(photos), PackSettings(16, "crop"), tmp_path / "packed", workers=1)
     assert open_packed(packed.root) is not None and packed.meta["counts"] == {"train": 9}
 
