@@ -30,12 +30,11 @@ from ..foundation.files import NoSpaceError, Partial, free_bytes, megabytes
 from .datamodule import ImageDataModule, leave_signals_to_the_main_process
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
+from .folder import IMAGENET_MEAN, IMAGENET_STD
 from .image_files import Interpolation, centre_crop
 from .object_store import allow_plain_http, check_location, is_remote, join, store_error
 from .stream_packing import DATASET_FILE, STREAM_FORMAT_VERSION, read_record
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 HELD_OUT = ("val", "test")
 _records: dict[tuple[str, str], dict[str, Any]] = {}  # one read of a dataset's record per process
 
