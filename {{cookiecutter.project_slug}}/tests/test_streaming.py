@@ -163,8 +163,8 @@ def test_two_ranks_stream_disjoint_shards_covering_the_training_photos(reference
 
 @pytest.mark.parametrize(
     ("kill", "extra"),
-    [("train_batch:1:2@SIGTERM", ())],
-    ids=["sigterm"],
+    [("train_batch:1:2@SIGTERM", ()), ("train_batch:1:2", ("--safety.last_every_n_train_steps=1",))],
+    ids=["sigterm", "kill-9-after-a-step-checkpoint"],
 )
 def test_a_streamed_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(
     reference, packed, tmp_path, kill, extra
@@ -187,6 +187,23 @@ def test_a_streamed_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_r
         assert before["ids"]["1"][-len(after["ids"]["1"]) :] == after["ids"]["1"]
         assert after["weights"] == before["weights"]
     assert_same_run(reference_root, resumed, compare_scalars=False)
+
+
+def test_reading_the_store_leaves_the_run_s_random_state_as_it_found_it(packed, tmp_path, monkeypatch):
+    """Store clients draw from Python's global random (s3transfer's temporary names) whenever a cache misses."""
+    import random
+
+    from {{ cookiecutter.import_name }}.data import StreamedImageDataModule
+
+    for name, value in packed[1].items():
+        monkeypatch.setenv(name, value)
+    random.seed(0)
+    before = random.getstate()
+    data = StreamedImageDataModule(source=STORE, cache_dir=str(tmp_path / "cache"), batch_size=8, num_workers=0)
+    data.prepare_data()  # every file read afresh: nothing cached
+    data.setup("fit")
+    assert (tmp_path / "cache").is_dir() and len(data.val_set) == 24
+    assert random.getstate() == before
 
 
 def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed):

@@ -10,30 +10,44 @@ the client as litdata passes it: ``endpoint_url``, ``aws_access_key_id``, ...).
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from lightning.pytorch.utilities.seed import isolate_rng
+
 from .errors import DataError, DataSettingError
 
 REMOTE_SCHEMES = ("s3", "gs", "r2")
 
+# A decorator for what reads or writes the store in a training process. Store clients draw from Python's global
+# random (s3transfer names its temporary files with it) as often as caches and timing make them reach the store,
+# so a run's random stream, and a resumed run's equality to an uninterrupted one, would depend on them.
+random_state_kept = isolate_rng(include_cuda=False)
 
-def allow_plain_http() -> None:
-    """Let litdata's obstore client reach an ``http://`` endpoint (a store on the local network, a test server).
 
-    litdata builds obstore's S3 client from a module-level options dict without ``allow_http``, so an
-    ``http://`` endpoint fails at once with ``BadScheme`` (``AWS_ALLOW_HTTP`` is not read there). No public
-    setting reaches that dict; the endpoint's scheme is the user's choice (https stays https). Called in every
-    process that reaches the store (spawned processes import litdata afresh).
+def configure_store_client() -> None:
+    """Set what the project needs of litdata's store client in this process; no public option reaches either.
+
+    - ``allow_http``: litdata builds obstore's S3 client from a module-level options dict without it, so an
+      ``http://`` endpoint (a store on the local network, a test server) fails at once with ``BadScheme``
+      (``AWS_ALLOW_HTTP`` is not read there). The endpoint's scheme stays the user's choice.
+    - Its own random source: litdata jitters credential refreshes with Python's global ``random`` each time a
+      client is made, lazily and in loader threads, so the global state a resumed run restores would depend
+      on timing. The jitter is drawn from the operating system instead; the global state stays the run's.
+
+    Called in every process that reaches the store (spawned processes import litdata afresh).
     """
-    from litdata.streaming import downloader
+    from litdata.streaming import client, downloader
 
     options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
     if isinstance(options, dict):
         options["allow_http"] = "true"
+    if getattr(client, "random", None) is random:
+        client.random = random.SystemRandom()
 
 
 def is_remote(location: str) -> bool:
@@ -63,9 +77,11 @@ def _provider(url: str, options: Mapping[str, Any]) -> Any:
     # index files by (same client, same credentials and endpoint as the chunks).
     from litdata.streaming.fs_provider import _get_fs_provider
 
+    configure_store_client()
     return _get_fs_provider(url, dict(options))
 
 
+@random_state_kept
 def read_text(location: str, name: str, options: Mapping[str, Any]) -> str | None:
     """The text of ``name`` under ``location``, or None when there is no such file."""
     path = join(location, name)
@@ -94,6 +110,7 @@ def _check_bucket(provider: Any, location: str) -> None:
         client.head_bucket(Bucket=urlparse(location).netloc)
 
 
+@random_state_kept
 def write_text(location: str, name: str, text: str, options: Mapping[str, Any]) -> None:
     """Put ``text`` at ``name`` under ``location`` whole (an object store's put is atomic; a folder's rename is)."""
     path = join(location, name)

@@ -25,7 +25,7 @@ import numpy as np
 
 from .errors import DataError, DataSettingError
 from .image_sources import Entry, LabelledImages
-from .object_store import allow_plain_http, is_remote, join, read_text, store_error, write_text
+from .object_store import configure_store_client, is_remote, join, read_text, store_error, write_text
 from .packing import PackSettings, decode_task, manifest_digest
 
 DATASET_FILE = "dataset.json"
@@ -58,7 +58,7 @@ class ItemMaker:
         self.strict = strict
 
     def __call__(self, group: Group) -> dict[str, Any]:
-        allow_plain_http()  # a spawned worker imports litdata afresh
+        configure_store_client()  # a spawned worker imports litdata afresh
         kept: list[int] = []
         pixels: list[np.ndarray] = []
         side = self.rule[0]
@@ -191,7 +191,7 @@ def pack_to_store(
     node_rank: int = 0,
 ) -> dict[str, Any]:
     """Pack ``found`` at ``output``; returns the dataset record (``dataset.json``) the last node writes."""
-    allow_plain_http()
+    configure_store_client()
     digest = manifest_digest(found, settings)
     existing = read_record(output, storage_options)
     if existing is not None:

@@ -32,7 +32,7 @@ from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
 from .folder import IMAGENET_MEAN, IMAGENET_STD
 from .image_files import Interpolation, centre_crop
-from .object_store import allow_plain_http, check_location, is_remote, join, store_error
+from .object_store import check_location, configure_store_client, is_remote, join, random_state_kept, store_error
 from .stream_packing import DATASET_FILE, STREAM_FORMAT_VERSION, read_record
 
 HELD_OUT = ("val", "test")
@@ -48,7 +48,7 @@ def dataset_record(source: str, storage_options: Mapping[str, Any] | None) -> di
             import litdata  # noqa: F401  (the optional extra)
         except ImportError:
             raise DataSettingError('streaming needs litdata; pip install -e ".[streaming]"') from None
-        allow_plain_http()
+        configure_store_client()
         record = read_record(source, dict(storage_options or {}))
         if record is None:
             raise DataSettingError(
@@ -70,7 +70,7 @@ def _concatenated(items: Sequence[dict[str, Any]]) -> tuple[Tensor, Tensor, Tens
 
 
 def _stream_worker_init(worker_id: int) -> None:
-    allow_plain_http()
+    configure_store_client()
     leave_signals_to_the_main_process(worker_id)
 
 
@@ -245,13 +245,32 @@ class StreamedImageDataModule(ImageDataModule):
             return join(self.source, split)
         return Dir(path=str(self.cache_root / cache), url=join(self.source, split))
 
+    @random_state_kept
+    def _stream(self, split: str) -> Any:
+        """litdata's shuffled dataset of ``split``, made after the process group exists (litdata reads the world
+        size once, when it is made)."""
+        from litdata import StreamingDataset
+
+        try:
+            return StreamingDataset(
+                input_dir=self._input_dir(split, split),
+                shuffle=True,
+                drop_last=True,  # every rank gets as many batches (ranks otherwise wait at epoch end)
+                seed=int(torch.initial_seed()),
+                storage_options=self.storage_options,
+                max_cache_size=self.max_cache_size,
+            )
+        except Exception as error:
+            raise store_error(error, self.source) from error
+
     def _held_out_path(self, split: str) -> Path:
         return self.cache_root / split
 
+    @random_state_kept
     def _read_held_out(self, split: str) -> None:
         from litdata import StreamingDataset
 
-        allow_plain_http()
+        configure_store_client()
         count = self.record["counts"][split]
         needed = count * 3 * self.side * self.side
         target = self._held_out_path(split)
@@ -310,27 +329,14 @@ class StreamedImageDataModule(ImageDataModule):
         if stage == "predict" and self.predict_dir is not None:
             self.setup_own_predictions()
             return
-        from litdata import StreamingDataset
-
-        allow_plain_http()
+        configure_store_client()
         for split in HELD_OUT:  # another machine's prepare_data may not have been this one's
             if split in self.record["counts"] and not self._held_out_path(split).is_dir():
                 self._read_held_out(split)
         val = self._held_out("val")
         test = self._held_out("test") if "test" in self.record["counts"] else val
         self.tests_on_validation_set = test is val
-        try:
-            # Built here, after the process group exists: litdata reads the world size once, when it is made.
-            self.streamed_train = StreamingDataset(
-                input_dir=self._input_dir("train", "train"),
-                shuffle=True,
-                drop_last=True,  # every rank gets as many batches (ranks otherwise wait at epoch end)
-                seed=int(torch.initial_seed()),
-                storage_options=self.storage_options,
-                max_cache_size=self.max_cache_size,
-            )
-        except Exception as error:
-            raise store_error(error, self.source) from error
+        self.streamed_train = self._stream("train")
         train = _StreamedSplit(self.record["counts"]["train"])
         self.serve(stage, train, val, test)  # type: ignore[arg-type]
         batches = self._sizes()
@@ -362,6 +368,7 @@ class StreamedImageDataModule(ImageDataModule):
             f"(from {self.source})"
         )
 
+    @random_state_kept
     def _streamed_images(self, positions: Sequence[int]) -> np.ndarray:
         """Training images at ``positions`` of the stream's fixed (unshuffled) item order, centre as evaluated."""
         from litdata import StreamingDataset
