@@ -47,9 +47,13 @@ def test_the_manifest_is_a_trainjob_and_a_claim_the_api_models_read_back_whole()
 
     trainer = job["spec"]["trainer"]
     assert (PROJECT_ROOT / trainer["command"][-1]).is_file()
-    assert {item["name"]: item["value"] for item in trainer["env"]}["CONFIG"] in {
+    env = {item["name"]: item for item in trainer["env"]}
+    assert env["CONFIG"]["value"] in {
         str(path.relative_to(PROJECT_ROOT)) for path in (PROJECT_ROOT / "configs").glob("*.yaml")
     }
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # the store's keys: from a Secret, never the image
+        secret = env[name]["valueFrom"]["secretKeyRef"]
+        assert secret["key"] == name and secret["optional"] is True  # a job that streams nothing needs none
     (node,) = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     pod = node["template"]["spec"]["template"]["spec"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
