@@ -7,6 +7,7 @@ sample ids are read from the pixels it was fed (``tests.probes.DataProbe``).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -19,7 +20,8 @@ import torch
 import yaml
 
 from .conftest import PROJECT_ROOT, cli_env, free_port, only_run_dir, run_cli
-from .test_exact_resume import assert_same_run, kill_and_resume
+from .test_exact_resume import EXIT_STATUS, assert_same_run, kill_and_resume
+from .test_faults import one_error_line
 
 pytest.importorskip("litdata")
 pytest.importorskip("moto")
@@ -187,6 +189,36 @@ def test_a_streamed_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_r
         assert before["ids"]["1"][-len(after["ids"]["1"]) :] == after["ids"]["1"]
         assert after["weights"] == before["weights"]
     assert_same_run(reference_root, resumed, compare_scalars=False)
+
+
+def test_stopped_on_two_ranks_resumed_on_one_each_image_of_the_epoch_is_trained_once(reference, packed, tmp_path):
+    reference_root, _ = reference
+    _, env = packed
+    args = stream_args(tmp_path, "--data.global_batch_size=16", "--trainer.callbacks+=tests.probes.KillAt")
+    stopped = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "main.py"), *args, "--trainer.devices=2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env=cli_env(KILL_AT="train_batch:1:2", KILL_SIGNAL="SIGTERM", **env),
+    )  # fmt: skip
+    assert stopped.returncode == EXIT_STATUS["SIGTERM"], stopped.stderr[-3000:]
+    checkpoint = only_run_dir(tmp_path) / "checkpoints" / "last.ckpt"
+    saved = checkpoint.read_bytes()
+    one_rank = [*args, "--trainer.devices=1", "--ckpt_path=last", "--allow_config_change=true"]
+    # Another number of images per step would make the trainer's batch count mean other images: refused.
+    refused = run_cli(*one_rank, "--data.global_batch_size=null", cwd=tmp_path, env=env, check=False)
+    assert "set data.global_batch_size 16" in one_error_line(refused, code=2) and checkpoint.read_bytes() == saved
+    resumed = run_cli(*one_rank, cwd=tmp_path, env=env)
+    assert "restriped, none repeated" in resumed.stdout + resumed.stderr
+    (after,) = probe_records(tmp_path)
+    steps = torch.load(io.BytesIO(saved), weights_only=True)["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    done = steps["current"]["ready"]
+    assert 0 < done < 4  # stopped mid-epoch (4 steps of 16)
+    # Until the stop both ranks trained what the reference's did (the same layout, resumed exactly elsewhere).
+    before = [record["ids"]["1"][: done * 8] for record in probe_records(reference_root)]
+    trained = [*before[0], *before[1], *after["ids"]["1"]]
+    assert len(trained) == len(set(trained)) == 64  # none repeated, and as many as an uninterrupted epoch
+    assert set(trained) == {i for record in probe_records(reference_root) for i in record["ids"]["1"]}
+    assert len(after["ids"]["2"]) == len(set(after["ids"]["2"])) == 64  # the next epoch, laid out for one rank
 
 
 def test_reading_the_store_leaves_the_run_s_random_state_as_it_found_it(packed, tmp_path, monkeypatch):

@@ -9,11 +9,13 @@ packed), not its URL: a copy moved to another bucket is the same data.
 
 A resumed epoch restarts litdata's loader at the batch after the last one trained, from the trainer's
 own progress (as ``loader.py`` does for the memory map): the order, the augmentation and the weights
-equal an uninterrupted run's for the same ranks, workers and batch size.
+equal an uninterrupted run's for the same ranks, workers and batch size. On other ranks or workers,
+the rest of the epoch is restriped over them, none lost or repeated (``stream_position.py``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +29,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from ..foundation.files import NoSpaceError, Partial, free_bytes, megabytes
+from . import stream_position
 from .datamodule import ImageDataModule, leave_signals_to_the_main_process
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
@@ -34,6 +37,7 @@ from .folder import IMAGENET_MEAN, IMAGENET_STD
 from .image_files import Interpolation, centre_crop
 from .object_store import check_location, configure_store_client, is_remote, join, random_state_kept, store_error
 from .stream_packing import DATASET_FILE, STREAM_FORMAT_VERSION, read_record
+from .stream_position import Topology
 
 HELD_OUT = ("val", "test")
 _records: dict[tuple[str, str], dict[str, Any]] = {}  # one read of a dataset's record per process
@@ -86,39 +90,63 @@ def _loader_class() -> type:
         """
 
         def __init__(
-            self, *args: Any, current_epoch: Callable[[], int | None], batches_done: Callable[[], int], **kwargs: Any
+            self,
+            *args: Any,
+            current_epoch: Callable[[], int | None],
+            batches_done: Callable[[], int],
+            start_segment: Callable[[int, int, int], tuple[stream_position.Segment, dict[str, Any] | None]],
+            restored_steps: Callable[[], int],
+            **kwargs: Any,
         ) -> None:
             super().__init__(*args, **kwargs)
             self.trainer_epoch, self.batches_done = current_epoch, batches_done
+            self.start_segment, self.restored_steps = start_segment, restored_steps
+            self.workers = self.num_workers  # the configured count (a restriped rest is read by one)
+
+        def __len__(self) -> int:
+            # An epoch resumed on other ranks or workers keeps the steps of the layout it began with.
+            return max(super().__len__(), self.restored_steps())
 
         def __iter__(self) -> Iterator[Any]:
             # Started at the first batch: a resumed fit makes its iterator before it restores its progress.
             batches = super().__iter__()
 
             def from_first_batch() -> Iterator[Any]:
-                self._start_epoch()
-                yield from batches
+                left = self._start_epoch()
+                yield from batches if left is None else itertools.islice(batches, left)
 
             return from_first_batch()
 
-        def _start_epoch(self) -> None:
+        def _start_epoch(self) -> int | None:
+            """Set litdata's position to the trainer's; the batches this rank has left when restriped, else None."""
             epoch = self.trainer_epoch()
             if epoch is None:
-                return
+                return None
             done = self.batches_done()
+            self.num_workers = self.workers
+            segment, elastic = self.start_segment(epoch, done, super().__len__())
+            if elastic:
+                # litdata deals the rest a batch per rank and worker in turn, then drops what does not fill a
+                # batch for every worker; with one worker per rank that is less than a step, so each rank has
+                # the steps the epoch has left (it stops after them, in step with the others).
+                self.num_workers = min(1, self.workers)
             if done:
-                self._resume(epoch + 1, done)  # litdata counts epochs from 1
+                self._resume(epoch + 1, done, elastic)  # litdata counts epochs from 1
             else:
                 self.restore = False
                 self.current_epoch = epoch  # litdata adds one as a fresh epoch starts
+            return segment.steps - done if elastic else None
 
-        def _resume(self, epoch: int, done: int) -> None:
+        def _resume(self, epoch: int, done: int, elastic: dict[str, Any] | None) -> None:
+            """At batch ``done``: litdata's replay of this topology's layout, or its restripe of the rest."""
             self.current_epoch = epoch
             self.dataset.set_epoch(epoch)
             self.dataset.reset_state_dict()
-            yielded = done * self.batch_size
+            yielded = 0 if elastic else done * self.batch_size
+            dataset_state = self.dataset.state_dict(yielded, self.num_workers, self.batch_size)
+            dataset_state.update(elastic or {})
             state = {
-                "dataset": self.dataset.state_dict(yielded, self.num_workers, self.batch_size),
+                "dataset": dataset_state,
                 "current_epoch": epoch,
                 "num_samples_yielded": yielded,
                 "latest_worker_idx": (done - 1) % max(1, self.num_workers),
@@ -206,6 +234,8 @@ class StreamedImageDataModule(ImageDataModule):
         self.title = f"streamed from {self.source}"
         self.storage = "memmap"  # streamed chunks are read by the loader's workers
         self.streamed_train: Any = None  # litdata's dataset of the training split, made in setup()
+        self.segment: stream_position.Segment | None = None  # the stretch of the epoch this process streams
+        self.restored_segment: stream_position.Segment | None = None  # the checkpoint's, until the epoch starts
 
     @classmethod
     def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
@@ -418,12 +448,43 @@ class StreamedImageDataModule(ImageDataModule):
             worker_init_fn=_stream_worker_init if workers > 0 else None,
             current_epoch=self._current_epoch,
             batches_done=self._batches_done,
+            start_segment=self._start_segment,
+            restored_steps=self._restored_steps,
         )
+
+    def _topology(self) -> Topology:
+        trainer = self.trainer
+        return Topology(
+            world_size=trainer.world_size if trainer is not None else 1,
+            num_nodes=trainer.num_nodes if trainer is not None else 1,
+            num_workers=max(1, self.num_workers),
+            items_per_batch=self._sizes().per_device // self.per_item,
+        )
+
+    def _restored_steps(self) -> int:
+        """The steps of the checkpoint's epoch when it resumes on another topology (else 0)."""
+        saved = self.restored_segment
+        return saved.steps if saved is not None and saved.topology != self._topology() else 0
+
+    def _start_segment(
+        self, epoch: int, done: int, steps: int
+    ) -> tuple[stream_position.Segment, dict[str, Any] | None]:
+        """Note where this process's stretch of the epoch starts; litdata's state to restripe from there, if needed."""
+        saved, self.restored_segment = self.restored_segment, None
+        self.segment, elastic = stream_position.resume(saved, epoch, done, self._topology(), steps, self.per_item)
+        if elastic:
+            rank_zero_info(
+                f"Data: epoch {epoch} resumes on {self.segment.topology.world_size} ranks x "
+                f"{self.segment.topology.num_workers} workers after {elastic['sample_in_epoch'] * self.per_item} "
+                "images; the rest is restriped, none repeated"
+            )
+        return self.segment, elastic
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Which dataset the run streamed (its digest), and from where."""
-        return {"source": self.source, "digest": self.record["digest"]}
+        """Which dataset the run streamed (its digest), from where, and the epoch's layout (for an elastic resume)."""
+        segment = self.segment.to_dict() if self.segment is not None else None
+        return {"source": self.source, "digest": self.record["digest"], "segment": segment}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -433,6 +494,8 @@ class StreamedImageDataModule(ImageDataModule):
                 f"data.source {self.source} holds another dataset than the run streamed ({state_dict.get('source')}); "
                 "point data.source at that one"
             )
+        segment = state_dict.get("segment")
+        self.restored_segment = stream_position.Segment.from_dict(segment) if segment else None
 
 
 class _StreamedSplit:
