@@ -10,8 +10,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ import yaml
 
 from .conftest import PROJECT_ROOT, cli_env, free_port, only_run_dir, run_cli
 from .test_exact_resume import EXIT_STATUS, assert_same_run, kill_and_resume
-from .test_faults import one_error_line
+from .test_faults import one_error_line, private_mounts
 
 pytest.importorskip("litdata")
 pytest.importorskip("moto")
@@ -260,8 +262,9 @@ def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed)
         ({}, "does not exist"),
         ({}, "holds no packed dataset"),
         ({}, "was packed with image_size 32"),
+        ({"AWS_SECRET_ACCESS_KEY": "wrong"}, "refused the credentials"),
     ],
-    ids=["store-not-answering", "missing-bucket", "missing-prefix", "other-image-size"],
+    ids=["store-not-answering", "missing-bucket", "missing-prefix", "other-image-size", "wrong-credentials"],
 )
 def test_a_store_that_cannot_be_used_is_one_line_and_nothing_is_written(packed, tmp_path, change, expected):
     _, env = packed
@@ -269,12 +272,50 @@ def test_a_store_that_cannot_be_used_is_one_line_and_nothing_is_written(packed, 
     args = [f"--data.source={source.get(expected, STORE)}", "--data.num_workers=0"]
     if expected.startswith("was packed"):
         args.append("--data.image_size=64")
-    result = run_cli(*stream_args(tmp_path, *args), cwd=tmp_path, check=False, env={**env, **change})
+    checking_keys = expected == "refused the credentials"
+    if checking_keys:  # the server checks every request's keys from now on (it knows none: all are refused)
+        set_key_checks(env, "0")
+    try:
+        result = run_cli(*stream_args(tmp_path, *args), cwd=tmp_path, check=False, env={**env, **change})
+    finally:
+        if checking_keys:
+            set_key_checks(env, "inf")
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("error: ") and expected in lines[-1], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["probe.yaml"]  # no run, no cache
+
+
+def set_key_checks(env: dict[str, str], after: str) -> None:
+    """Make the moto server check the keys of requests after the next ``after`` ones ("inf": never)."""
+    request = urllib.request.Request(
+        f"{env['AWS_ENDPOINT_URL']}/moto-api/reset-auth", data=after.encode(), headers={"Content-Type": "text/plain"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+def test_a_cache_disk_without_room_for_the_held_out_images_is_one_line_and_nothing_is_written(packed, tmp_path):
+    mounts = private_mounts()
+    if mounts is None:
+        pytest.skip("no private mount namespace here (unshare) to give the cache a small disk of its own")
+    _, env = packed
+    (tmp_path / "cache").mkdir()
+    args = stream_args(tmp_path, "--data.num_workers=0", "--data.cache_dir=cache")
+    command = shlex.join([sys.executable, str(PROJECT_ROOT / "main.py"), *args])
+    result = subprocess.run(
+        [*mounts, "sh", "-c", f"mount -t tmpfs -o size=256k tmpfs cache && {command}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env(**env),
+    )  # fmt: skip
+    line = one_error_line(result)
+    assert line.startswith("error: no space left on the disk of cache/") and " to write val (needs about " in line
+    (run,) = tmp_path.glob("runs/*/*")
+    assert line.endswith("point data.cache_dir at a disk with room; no checkpoint of this run was saved; then run "
+                         "the same command to start it over (FULL_ERROR=1 prints the traceback here; full report: "
+                         f"{run.relative_to(tmp_path)}/logs/error.log)"), line  # fmt: skip
+    assert sorted(path.name for path in run.iterdir()) == ["logs"]  # the report of what happened, nothing else
+    assert not any((tmp_path / "cache").iterdir())  # the mount is gone, and nothing was written under it
 
 
 def test_packing_into_a_missing_bucket_is_one_line(store):

@@ -44,7 +44,7 @@ class NoSpaceError(UserError):
 
     def __init__(self, target: Path, needed: int | None, free: int, remedy: str = "") -> None:
         """``remedy``: what to do besides freeing space (said after it), e.g. where else to write."""
-        self.target, self.needed, self.free = Path(target), needed, free
+        self.target, self.needed, self.free, self.remedy = Path(target), needed, free, remedy
         need = f"needs about {megabytes(needed)}, " if needed else ""
         where = f"the disk of {self.target.parent}"
         message = (

@@ -67,6 +67,8 @@ def describe_fault(error: BaseException, trainer: L.Trainer, run_dir: Path, firs
     if fitting and not resume:
         kept, again = "no checkpoint of this run was saved", "run the same command to start it over"
     state = f"{kept}: " if kept else ""
+    if isinstance(error, NoSpaceError) and error.remedy:  # a disk of the data's, whose remedy the error names
+        return f"{error}; {kept + '; ' if kept else ''}then {again}"
     if isinstance(error, NoSpaceError) or is_full_disk(error, run_dir):
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         written = f", writing {error.filename}" if isinstance(error, OSError) and error.filename else ""
