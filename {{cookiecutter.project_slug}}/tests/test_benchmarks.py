@@ -41,11 +41,16 @@ STEP_FIGURES = {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_pl
             [],
             {"pack_images_per_s_64", "ours_augmented_64", "torchvision_imagefolder_64", "ours_vs_imagefolder_64"},
         ),
+        (
+            "bench_stream.py",
+            [],
+            {"s3_first_epoch_64", "s3_cached_64", "litdata_local_64", "memmap_64", "imagefolder_64"},
+        ),
         ("bench_step.py", [], STEP_FIGURES),
         ("bench_step.py", ["--config", str(PROJECT_ROOT / "configs" / "cifar10_fast.yaml")], STEP_FIGURES),
         ("bench_step.py", ["--overhead"], STEP_FIGURES),
     ],
-    ids=["data", "folder", "step", "step-fast-recipe", "step-overhead"],
+    ids=["data", "folder", "stream", "step", "step-fast-recipe", "step-overhead"],
 )
 def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, options, keys):
     result = subprocess.run(

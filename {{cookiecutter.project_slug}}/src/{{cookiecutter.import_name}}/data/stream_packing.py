@@ -37,7 +37,9 @@ NODE_WAIT_SECONDS = 2.0
 
 
 def default_images_per_item(side: int) -> int:
-    return max(1, min(64, ITEM_BYTES // (3 * side * side)))
+    """About ``ITEM_BYTES`` of pixels, rounded down to a power of two: the usual batch sizes are multiples of it."""
+    fitting = max(1, min(64, ITEM_BYTES // (3 * side * side)))
+    return 1 << (fitting.bit_length() - 1)
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,7 @@ class StreamedImageDataModule(ImageDataModule):
                 input_dir=self._input_dir(split, split),
                 shuffle=True,
                 drop_last=True,  # every rank gets as many batches (ranks otherwise wait at epoch end)
-                seed=int(torch.initial_seed()),
+                seed=int(torch.initial_seed()) % 2**32,  # the run's seed; a 64-bit one when nothing set it
                 storage_options=self.storage_options,
                 max_cache_size=self.max_cache_size,
             )
