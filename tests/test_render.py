@@ -78,6 +78,7 @@ COMMON_FILES = {
     "benchmarks/bench_folder.py",
     "benchmarks/bench_infer.py",
     "benchmarks/bench_step.py",
+    "benchmarks/bench_stream.py",
     "benchmarks/bench_recipe.py",
     "benchmarks/bench_finetune.py",
     "benchmarks/gpu_figures.sh",
