@@ -157,6 +157,7 @@ PACKAGE_FILES = {
     "data/packing.py",
     "data/stream_packing.py",
     "data/stream_position.py",
+    "data/stream_loader.py",
     "data/streamed.py",
     "foundation/__init__.py",
     "foundation/converted_copy.py",

@@ -8,16 +8,16 @@ image exactly once under any number of ranks. The run's identity is the dataset'
 packed), not its URL: a copy moved to another bucket is the same data.
 
 A resumed epoch restarts litdata's loader at the batch after the last one trained, from the trainer's
-own progress (as ``loader.py`` does for the memory map): the order, the augmentation and the weights
-equal an uninterrupted run's for the same ranks, workers and batch size. On other ranks or workers,
-the rest of the epoch is restriped over them, none lost or repeated (``stream_position.py``).
+own progress (``stream_loader.py``, as ``loader.py`` does for the memory map): the order, the
+augmentation and the weights equal an uninterrupted run's for the same ranks, workers and batch size.
+On other ranks or workers, the rest of the epoch is restriped over them, none lost or repeated
+(``stream_position.py``).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,13 @@ from typing_extensions import override
 
 from ..foundation.files import NoSpaceError, Partial, free_bytes, megabytes
 from . import stream_position
-from .datamodule import ImageDataModule, leave_signals_to_the_main_process
+from .datamodule import ImageDataModule
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
 from .folder import IMAGENET_MEAN, IMAGENET_STD
 from .image_files import Interpolation, centre_crop
 from .object_store import check_location, configure_store_client, is_remote, join, random_state_kept, store_error
+from .stream_loader import concatenated, loader_class, stream_worker_init
 from .stream_packing import DATASET_FILE, STREAM_FORMAT_VERSION, read_record
 from .stream_position import Topology
 
@@ -63,97 +64,6 @@ def dataset_record(source: str, storage_options: Mapping[str, Any] | None) -> di
             raise DataSettingError(f"{source} was packed by another release of pack.py; pack it again")
         _records[key] = record
     return _records[key]
-
-
-def _concatenated(items: Sequence[dict[str, Any]]) -> tuple[Tensor, Tensor, Tensor]:
-    """A batch of items (each a few images) as one batch of images, labels and ids."""
-    images = torch.from_numpy(np.concatenate([item["images"] for item in items]))
-    labels = torch.from_numpy(np.concatenate([item["labels"] for item in items]))
-    ids = torch.from_numpy(np.concatenate([item["ids"] for item in items]))
-    return images, labels, ids
-
-
-def _stream_worker_init(worker_id: int) -> None:
-    configure_store_client()
-    leave_signals_to_the_main_process(worker_id)
-
-
-def _loader_class() -> type:
-    from litdata import StreamingDataLoader
-
-    class EpochStreamingLoader(StreamingDataLoader):
-        """litdata's loader whose epoch is the trainer's, resumed at the trainer's own batch count.
-
-        litdata counts epochs by the iterators made and restores a position from its own ``state_dict``,
-        which counts the batch the trainer's fetcher prefetched; the trainer's restored progress is what
-        was trained (the reason ``loader.py`` skips batches for the memory map).
-        """
-
-        def __init__(
-            self,
-            *args: Any,
-            current_epoch: Callable[[], int | None],
-            batches_done: Callable[[], int],
-            start_segment: Callable[[int, int, int], tuple[stream_position.Segment, dict[str, Any] | None]],
-            restored_steps: Callable[[], int],
-            **kwargs: Any,
-        ) -> None:
-            super().__init__(*args, **kwargs)
-            self.trainer_epoch, self.batches_done = current_epoch, batches_done
-            self.start_segment, self.restored_steps = start_segment, restored_steps
-            self.workers = self.num_workers  # the configured count (a restriped rest is read by one)
-
-        def __len__(self) -> int:
-            # An epoch resumed on other ranks or workers keeps the steps of the layout it began with.
-            return max(super().__len__(), self.restored_steps())
-
-        def __iter__(self) -> Iterator[Any]:
-            # Started at the first batch: a resumed fit makes its iterator before it restores its progress.
-            batches = super().__iter__()
-
-            def from_first_batch() -> Iterator[Any]:
-                left = self._start_epoch()
-                yield from batches if left is None else itertools.islice(batches, left)
-
-            return from_first_batch()
-
-        def _start_epoch(self) -> int | None:
-            """Set litdata's position to the trainer's; the batches this rank has left when restriped, else None."""
-            epoch = self.trainer_epoch()
-            if epoch is None:
-                return None
-            done = self.batches_done()
-            self.num_workers = self.workers
-            segment, elastic = self.start_segment(epoch, done, super().__len__())
-            if elastic:
-                # litdata deals the rest a batch per rank and worker in turn, then drops what does not fill a
-                # batch for every worker; with one worker per rank that is less than a step, so each rank has
-                # the steps the epoch has left (it stops after them, in step with the others).
-                self.num_workers = min(1, self.workers)
-            if done:
-                self._resume(epoch + 1, done, elastic)  # litdata counts epochs from 1
-            else:
-                self.restore = False
-                self.current_epoch = epoch  # litdata adds one as a fresh epoch starts
-            return segment.steps - done if elastic else None
-
-        def _resume(self, epoch: int, done: int, elastic: dict[str, Any] | None) -> None:
-            """At batch ``done``: litdata's replay of this topology's layout, or its restripe of the rest."""
-            self.current_epoch = epoch
-            self.dataset.set_epoch(epoch)
-            self.dataset.reset_state_dict()
-            yielded = 0 if elastic else done * self.batch_size
-            dataset_state = self.dataset.state_dict(yielded, self.num_workers, self.batch_size)
-            dataset_state.update(elastic or {})
-            state = {
-                "dataset": dataset_state,
-                "current_epoch": epoch,
-                "num_samples_yielded": yielded,
-                "latest_worker_idx": (done - 1) % max(1, self.num_workers),
-            }
-            self.load_state_dict(state)
-
-    return EpochStreamingLoader
 
 
 class StreamedImageDataModule(ImageDataModule):
@@ -437,15 +347,15 @@ class StreamedImageDataModule(ImageDataModule):
         if not train:
             return super()._loader(split, batch_size, train)
         workers = self.num_workers
-        return _loader_class()(
+        return loader_class()(
             self.streamed_train,
             batch_size=batch_size // self.per_item,
             num_workers=workers,
-            collate_fn=_concatenated,
+            collate_fn=concatenated,
             # The workers' base seed from the loader's own generator: the global random stream stays the run's.
             generator=torch.Generator().manual_seed(self.seed),
             pin_memory=self.pin_memory and torch.cuda.is_available(),
-            worker_init_fn=_stream_worker_init if workers > 0 else None,
+            worker_init_fn=stream_worker_init if workers > 0 else None,
             current_epoch=self._current_epoch,
             batches_done=self._batches_done,
             start_segment=self._start_segment,
