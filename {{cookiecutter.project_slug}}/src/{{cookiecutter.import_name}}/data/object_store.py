@@ -78,6 +78,13 @@ def _provider(url: str, options: Mapping[str, Any]) -> Any:
     from litdata.streaming.fs_provider import _get_fs_provider
 
     configure_store_client()
+    if urlparse(url).scheme == "s3":
+        # litdata's S3 client retries up to 1000 times (right for chunks under throttling); a store that
+        # does not answer the first read of a command should be said in seconds, not after a quarter of an hour.
+        import botocore.config
+
+        answer_soon = botocore.config.Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10)
+        options = {"config": answer_soon, **options}  # a config of the user's own wins
     return _get_fs_provider(url, dict(options))
 
 
