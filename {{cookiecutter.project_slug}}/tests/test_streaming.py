@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shlex
 import subprocess
@@ -71,6 +72,7 @@ def store(tmp_path_factory):
     """A local S3 server with a bucket, and the environment that reaches it (as for a real endpoint)."""
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request would bury a failure's report
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -238,6 +240,7 @@ def test_reading_the_store_leaves_the_run_s_random_state_as_it_found_it(packed, 
     data.setup("fit")
     assert (tmp_path / "cache").is_dir() and len(data.val_set) == 24
     assert random.getstate() == before
+    assert data.training_sample(4).shape[0] == 4 and random.getstate() == before
 
 
 def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed):
