@@ -356,9 +356,6 @@ class StreamedImageDataModule(ImageDataModule):
             generator=torch.Generator().manual_seed(self.seed),
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             worker_init_fn=stream_worker_init if workers > 0 else None,
-            # Started from a clean server process, not forked from this one: the store clients' threads (botocore,
-            # obstore's runtime) can leave a lock held in a forked child, which then hangs before it reads.
-            multiprocessing_context="forkserver" if workers > 0 else None,
             current_epoch=self._current_epoch,
             batches_done=self._batches_done,
             start_segment=self._start_segment,
