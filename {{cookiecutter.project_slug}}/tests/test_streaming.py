@@ -28,7 +28,7 @@ from .test_faults import one_error_line, private_mounts
 
 pytest.importorskip("litdata")
 pytest.importorskip("moto")
-pytestmark = pytest.mark.slow  # each test but one in CI's tier too (every_render)
+pytestmark = pytest.mark.slow  # most in CI's tier too (every_render)
 
 CLASSES = ("ant", "bee", "wasp")
 PER_CLASS = 32  # 96 photos: 72 train, 24 validation
@@ -171,11 +171,9 @@ def test_two_ranks_stream_disjoint_shards_covering_the_training_photos(reference
 
 @pytest.mark.parametrize(
     ("kill", "extra"),
-    [
-        pytest.param("train_batch:1:2@SIGTERM", (), marks=pytest.mark.every_render),
-        # Outside CI's tier: its uninterrupted run with a checkpoint every step has hung at exit under load.
-        ("train_batch:1:2", ("--safety.last_every_n_train_steps=1",)),
-    ],
+    # Outside CI's tier, as the test below: a streamed 2-rank run stopped mid-epoch has, now and then, hung or
+    # aborted in its teardown (a loader worker stuck in fork; "terminate called without an active exception").
+    [("train_batch:1:2@SIGTERM", ()), ("train_batch:1:2", ("--safety.last_every_n_train_steps=1",))],
     ids=["sigterm", "kill-9-after-a-step-checkpoint"],
 )
 def test_a_streamed_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(
@@ -201,7 +199,6 @@ def test_a_streamed_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_r
     assert_same_run(reference_root, resumed, compare_scalars=False)
 
 
-@pytest.mark.every_render
 def test_stopped_on_two_ranks_resumed_on_one_each_image_of_the_epoch_is_trained_once(reference, packed, tmp_path):
     reference_root, _ = reference
     _, env = packed
