@@ -63,6 +63,25 @@ def test_workers_read_the_memory_map(data_dir):
     assert torch.equal(parallel_labels, serial_labels)
 
 
+def test_a_rank_of_a_process_group_reads_through_workers_a_fork_server_started(data_dir):
+    """Not forked from the rank: its process group's threads would make a fork deadlock now and then."""
+    shards = []
+    for workers in (2, 0):
+        dm = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=workers, val_size=32)
+        dm.trainer = fake_trainer(world_size=2, global_rank=1)
+        dm.prepare_data()
+        dm.setup("validate")
+        loader = dm.val_dataloader()
+        shards.append(torch.cat([images.flatten(1) for images, _ in loader]))
+    assert loader.multiprocessing_context is None  # no workers: nothing to start
+    dm.num_workers = 2
+    assert dm.val_dataloader().multiprocessing_context.get_start_method() == "forkserver"
+    assert torch.equal(shards[0], shards[1])
+    single = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=2, val_size=32)
+    single.setup("validate")
+    assert single.val_dataloader().multiprocessing_context is None  # one process: forked, as usual
+
+
 def test_names_and_classes_come_from_the_data():
     dm = CifarDataModule(dataset="cifar100")
     assert dm.num_classes == 100 and dm.class_names[:2] == ["apple", "aquarium_fish"]

@@ -222,6 +222,7 @@ def live_processes_of_group(group: int) -> list[int]:
     return alive
 
 
+@pytest.mark.every_render  # the loader workers come from fork servers: each must end with its rank
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 def test_killing_rank_zero_ends_every_process_of_the_run_within_seconds(tmp_path):
     write_indexed_archive(tmp_path / "data")

@@ -46,3 +46,10 @@ def test_argparse_actions_and_the_file_writer_and_foreach_kernels_exist(tmp_path
     torch._foreach_lerp_(slow, weights, 0.5)  # callbacks/lookahead.py
     torch._foreach_copy_(weights, slow)
     assert weights[0].tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_a_fork_server_hands_its_alive_pipe_to_its_workers_where_they_close_it():
+    from multiprocessing import forkserver
+
+    assert hasattr(forkserver._forkserver, "_forkserver_alive_fd")  # data/datamodule.end_with_the_rank closes it
+    assert "_forkserver._forkserver_alive_fd" in inspect.getsource(forkserver._serve_one)  # ... set in each worker

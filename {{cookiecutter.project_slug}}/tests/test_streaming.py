@@ -28,7 +28,7 @@ from .test_faults import one_error_line, private_mounts
 
 pytest.importorskip("litdata")
 pytest.importorskip("moto")
-pytestmark = pytest.mark.slow  # most in CI's tier too (every_render)
+pytestmark = [pytest.mark.slow, pytest.mark.every_render]  # all in CI's tier too
 
 CLASSES = ("ant", "bee", "wasp")
 PER_CLASS = 32  # 96 photos: 72 train, 24 validation
@@ -137,7 +137,6 @@ def reference(packed, tmp_path_factory):
     return root, args
 
 
-@pytest.mark.every_render
 def test_two_packing_processes_fill_the_bucket_with_every_photo_once(packed):
     root, env = packed
     import boto3
@@ -155,7 +154,6 @@ def test_two_packing_processes_fill_the_bucket_with_every_photo_once(packed):
     assert again.returncode == 0, again.stderr[-2000:]
 
 
-@pytest.mark.every_render
 def test_two_ranks_stream_disjoint_shards_covering_the_training_photos(reference):
     root, _ = reference
     records = probe_records(root)
@@ -171,8 +169,6 @@ def test_two_ranks_stream_disjoint_shards_covering_the_training_photos(reference
 
 @pytest.mark.parametrize(
     ("kill", "extra"),
-    # Outside CI's tier, as the test below: a streamed 2-rank run stopped mid-epoch has, now and then, hung or
-    # aborted in its teardown (a loader worker stuck in fork; "terminate called without an active exception").
     [("train_batch:1:2@SIGTERM", ()), ("train_batch:1:2", ("--safety.last_every_n_train_steps=1",))],
     ids=["sigterm", "kill-9-after-a-step-checkpoint"],
 )
@@ -229,7 +225,6 @@ def test_stopped_on_two_ranks_resumed_on_one_each_image_of_the_epoch_is_trained_
     assert len(after["ids"]["2"]) == len(set(after["ids"]["2"])) == 64  # the next epoch, laid out for one rank
 
 
-@pytest.mark.every_render
 def test_reading_the_store_leaves_the_run_s_random_state_as_it_found_it(packed, tmp_path, monkeypatch):
     """Store clients draw from Python's global random (s3transfer's temporary names) whenever a cache misses."""
     import random
@@ -248,7 +243,6 @@ def test_reading_the_store_leaves_the_run_s_random_state_as_it_found_it(packed, 
     assert data.training_sample(4).shape[0] == 4 and random.getstate() == before
 
 
-@pytest.mark.every_render
 def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed):
     root, _ = reference
     _, env = packed
@@ -264,7 +258,6 @@ def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed)
     assert held_out["source"] == STORE
 
 
-@pytest.mark.every_render
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
@@ -273,8 +266,12 @@ def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed)
         ({}, "holds no packed dataset"),
         ({}, "was packed with image_size 32"),
         ({"AWS_SECRET_ACCESS_KEY": "wrong"}, "refused the credentials"),
+        (
+            {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_EC2_METADATA_DISABLED": "true"},
+            "no credentials for the store were found",
+        ),
     ],
-    ids=["store-not-answering", "missing-bucket", "missing-prefix", "other-image-size", "wrong-credentials"],
+    ids=["not-answering", "missing-bucket", "missing-prefix", "other-image-size", "wrong-keys", "no-keys"],
 )
 def test_a_store_that_cannot_be_used_is_one_line_and_nothing_is_written(packed, tmp_path, change, expected):
     _, env = packed
@@ -306,7 +303,6 @@ def set_key_checks(env: dict[str, str], after: str) -> None:
         assert response.status == 200
 
 
-@pytest.mark.every_render
 def test_a_cache_disk_without_room_for_the_held_out_images_is_one_line_and_nothing_is_written(packed, tmp_path):
     mounts = private_mounts()
     if mounts is None:
@@ -329,7 +325,6 @@ def test_a_cache_disk_without_room_for_the_held_out_images_is_one_line_and_nothi
     assert not any((tmp_path / "cache").iterdir())  # the mount is gone, and nothing was written under it
 
 
-@pytest.mark.every_render
 def test_packing_into_a_missing_bucket_is_one_line(store):
     root, env = store
     result = pack(root, env, "--output=s3://no-such-bucket/x")

@@ -8,8 +8,11 @@ the augmentation of whole batches where they already are.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import signal
 from dataclasses import replace
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +41,13 @@ RESIDENT_SHARE_OF_FREE_MEMORY = 0.25
 RESIZED_CROP_FROM = 64
 
 
-def leave_signals_to_the_main_process(worker_id: int) -> None:
+def start_worker(worker_id: int) -> None:
+    """Ready a loader worker: it leaves signals to the main process and ends when its rank does."""
+    leave_signals_to_the_main_process()
+    end_with_the_rank()
+
+
+def leave_signals_to_the_main_process() -> None:
     """A loader worker ignores Ctrl-C and SIGUSR1/2, which a terminal or a scheduler sends to every process.
 
     The main process stops at a batch boundary (``StopOnSignal``) and ends its workers itself; a
@@ -47,6 +56,40 @@ def leave_signals_to_the_main_process(worker_id: int) -> None:
     """
     for number in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(number, signal.SIG_IGN)
+
+
+def end_with_the_rank() -> None:
+    """Let a fork server (``worker_context``) end when its rank does, so that the workers it started end too.
+
+    PyTorch's worker exits once its parent is gone; a fork server's workers have the server as
+    parent, and the server exits once every copy of its "alive" pipe is closed. It hands a copy to
+    every worker, so a rank killed outright (SIGKILL, the kernel's OOM killer) left the server and
+    its workers waiting for each other, holding memory, forever. The worker closes its copy.
+    multiprocessing has no public route to that pipe: its private attribute, checked by
+    tests/test_private_routes.py.
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+
+
+def worker_context(num_workers: int, world_size: int, *served: object) -> BaseContext | None:
+    """How loader workers start (None: as Python's default), from a fork server in place of fork in a process group.
+
+    A process group's threads (gloo's, NCCL's) enter Python without its lock to release tensors,
+    and a worker forked at that moment on Python 3.11 deadlocks inside ``fork`` (the
+    interpreter's thread-list lock is inherited held); the rank then waits for its batch forever.
+    A fork server is a single-threaded process that forks the workers instead, with the modules of
+    ``served`` (the dataset, collate and init functions) imported once.
+    """
+    if num_workers == 0 or world_size <= 1 or multiprocessing.get_context().get_start_method() != "fork":
+        return None  # one process, or workers that are not forked (spawn on macOS, forkserver from Python 3.14)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(sorted({"torch", *(getattr(item, "__module__", "torch") for item in served)}))
+    return context
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -390,7 +433,8 @@ class ImageDataModule(L.LightningDataModule):
             collate_fn=keep_batch,
             pin_memory=self.pin_memory and not self.resident and torch.cuda.is_available(),
             persistent_workers=workers > 0,
-            worker_init_fn=leave_signals_to_the_main_process if workers > 0 else None,
+            worker_init_fn=start_worker if workers > 0 else None,
+            multiprocessing_context=worker_context(workers, world_size, dataset, start_worker),
             batches_done=self._batches_done if train else lambda: 0,
         )
 

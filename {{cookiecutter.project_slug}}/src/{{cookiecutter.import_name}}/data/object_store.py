@@ -147,16 +147,13 @@ def store_error(error: BaseException, location: str) -> DataError:
     bucket = urlparse(location).netloc
     if "NoSuchBucket" in (code + text) or (code in ("404", "NotFound") and "HeadBucket" in text):
         return DataError(f"{location}: the bucket {bucket} does not exist; create it, or check the URL's bucket name")
+    keys = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or data.storage_options"
+    if "NoCredentialsError" in text or "Unable to locate credentials" in text:
+        return DataError(f"{location}: no credentials for the store were found; set {keys}")
     credentials = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Forbidden", "403", "ExpiredToken")
-    if (
-        any(word in code for word in credentials)
-        or "NoCredentialsError" in text
-        or "Unable to locate credentials" in text
-    ):
+    if any(word in code for word in credentials):
         return DataError(
-            f"{location}: the store refused the credentials ({code or type(error).__name__}); set AWS_ACCESS_KEY_ID "
-            "and "
-            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or data.storage_options, to keys that may read and write it"
+            f"{location}: the store refused the credentials ({code}); set {keys}, to keys that may read and write it"
         )
     unreachable = ("EndpointConnectionError", "ConnectTimeout", "ConnectionError", "Could not connect", "timed out")
     if any(word in text for word in unreachable):

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from . import stream_position
-from .datamodule import leave_signals_to_the_main_process
+from .datamodule import start_worker
 from .object_store import configure_store_client
 
 
@@ -32,7 +32,7 @@ def concatenated(items: Sequence[dict[str, Any]]) -> tuple[Tensor, Tensor, Tenso
 
 def stream_worker_init(worker_id: int) -> None:
     configure_store_client()
-    leave_signals_to_the_main_process(worker_id)
+    start_worker(worker_id)
 
 
 def loader_class() -> type:

@@ -30,7 +30,7 @@ from typing_extensions import override
 
 from ..foundation.files import NoSpaceError, Partial, free_bytes, megabytes
 from . import stream_position
-from .datamodule import ImageDataModule
+from .datamodule import ImageDataModule, worker_context
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
 from .folder import IMAGENET_MEAN, IMAGENET_STD
@@ -347,6 +347,7 @@ class StreamedImageDataModule(ImageDataModule):
         if not train:
             return super()._loader(split, batch_size, train)
         workers = self.num_workers
+        world_size = self.trainer.world_size if self.trainer is not None else 1
         return loader_class()(
             self.streamed_train,
             batch_size=batch_size // self.per_item,
@@ -356,6 +357,7 @@ class StreamedImageDataModule(ImageDataModule):
             generator=torch.Generator().manual_seed(self.seed),
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             worker_init_fn=stream_worker_init if workers > 0 else None,
+            multiprocessing_context=worker_context(workers, world_size, self.streamed_train, stream_worker_init),
             current_epoch=self._current_epoch,
             batches_done=self._batches_done,
             start_segment=self._start_segment,

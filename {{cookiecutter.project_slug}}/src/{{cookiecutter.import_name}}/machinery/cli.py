@@ -30,7 +30,7 @@ from .error_report import write_error_log
 from .faults import FaultError, describe_fault, how_it_diverged
 from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
-from .launch import exit_when_launcher_dies, launched_as_rank_zero
+from .launch import exit_when_launcher_dies, launched_as_rank_zero, leave_the_process_group
 from .loggers import check_tracker_packages, experiment_dir
 from .noise import silence_known_noise
 from .resolution import resolve_checkpoint
@@ -242,6 +242,7 @@ class TrainerCLI(LightningCLI):
             if code is not None:  # a stopped run is not a finished one: say so in the exit status
                 if keep():
                     CONSOLE.attach(self.run.directory, self.trainer.global_rank)
+                leave_the_process_group()  # every rank stopped at the same batch
                 raise SystemExit(code) from None
             if not isinstance(error, Exception) or is_a_decision(error):
                 raise
@@ -251,6 +252,7 @@ class TrainerCLI(LightningCLI):
             print(summary(self.trainer, self.run))
         CONSOLE.attach(self.run.directory, self.trainer.global_rank)
         CONSOLE.detach()
+        leave_the_process_group()
 
     def _failure(self, error: Exception, trained: bool) -> Exception:
         """What to raise for ``error``: a mistake before training as itself, anything else as one line with a report.

@@ -10,6 +10,7 @@ workers exit when their parent does).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -37,7 +38,8 @@ def exit_when_launcher_dies() -> None:
         if _ending_itself.is_set():
             return
         rank = os.environ.get("RANK", os.environ["LOCAL_RANK"])
-        print(f"error: the launcher of rank {rank} (pid {launcher}) is gone; this rank stops too", file=sys.stderr)
+        with contextlib.suppress(OSError):  # the launcher's end may have closed the pipe; the exit must follow
+            print(f"error: the launcher of rank {rank} (pid {launcher}) is gone; this rank stops too", file=sys.stderr)
         os._exit(LAUNCHER_GONE)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
@@ -53,3 +55,17 @@ def launched_as_rank_zero() -> bool:
         if variable in os.environ:
             return int(os.environ[variable]) == 0
     return int(os.environ.get("LOCAL_RANK", 0)) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def leave_the_process_group() -> None:
+    """End this rank's process group while Python still runs, once every rank has ended the command in step.
+
+    Lightning destroys only NCCL's group at exit. A gloo group left to the end has threads that
+    still release finished collectives' tensors, which takes Python's lock; one that does so while
+    the interpreter shuts down is stopped inside a C++ destructor and the process aborts
+    ("terminate called without an active exception"), turning a clean stop into SIGABRT.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -146,12 +146,14 @@ class RankFailureWatch(Callback):
             first, reported = _keys()
             rank, reason = store.get(first).decode().split("\t", 1)
             line = f"rank {self.rank} stopped: rank {rank} failed ({reason}); its error line says what to do"
-        print(line, file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # stderr gone with the terminal or the launcher: the stop must go on
+            print(line, file=sys.stderr, flush=True)
         if not gone:
             try:
                 store.wait([reported], REPORT_WAIT)
                 time.sleep(GRACE_SECONDS)
             except Exception:  # no report within the wait, or the store went with its host: end anyway
                 pass
-        sys.stdout.flush()
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
         os._exit(STOPPED)  # the main thread is blocked in a collective that will never complete
