@@ -23,6 +23,8 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r"LightningCLI's args parameter is intended to run from within Python", UserWarning),
     # the model's configure_model only compiles (it shards nothing), which the averaged copy does not need
     (r"You're using the WeightAveraging callback with a model that overrides the configure_model", UserWarning),
+    # the training epoch's means are summed over every rank already (models/training_totals.py), once
+    (r"It is recommended to use `self.log\('train/(loss_epoch|top1|top5)', \.\.\., sync_dist=True\)`", UserWarning),
     # litdata's streaming dataset shards over the loader's workers itself, so its length is exact
     (r"Your `IterableDataset` has `__len__` defined", UserWarning),
 )
