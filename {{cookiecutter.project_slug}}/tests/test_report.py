@@ -111,3 +111,14 @@ def test_the_overlay_reads_the_last_convolutional_stage(network, layer):
 def test_a_transformer_gets_no_overlay_and_says_why():
     found, reason = activation_layer(TimmNet(3, "vit_tiny_patch16_224", pretrained=False).eval(), 224)
     assert found is None and "tokens" in reason
+
+
+def test_a_report_without_mistakes_says_so_under_a_plain_title():
+    from {{ cookiecutter.import_name }}.callbacks.evaluation_report import report_page
+    from {{ cookiecutter.import_name }}.callbacks.report_tables import confusion_counts, per_class
+
+    labels = np.array([0, 1, 1])
+    confusion = confusion_counts(labels, labels, 2)
+    page = report_page({"images": 3}, per_class(confusion, ["ant", "bee"]), confusion, ["ant", "bee"],
+                       np.array([], dtype=int), labels, labels, np.eye(2)[labels], ["a", "b", "c"], [], "")  # fmt: skip
+    assert "No mistakes." in page and ">Mistakes<" in page and "0 most confident" not in page

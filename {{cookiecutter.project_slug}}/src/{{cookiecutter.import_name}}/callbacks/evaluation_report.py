@@ -220,7 +220,6 @@ def report_page(headline, classes, confusion, class_names, shown, labels, predic
             for i in shown])  # fmt: skip
     if note:
         body = html_page.paragraph(note, note=True) + body
-    sections.append(
-        (f"The {len(shown)} most confident mistakes (left: the image as seen; right: where it looked)", body)
-    )
+    title = f"The {len(shown)} most confident mistakes (left: the image as seen; right: where it looked)"
+    sections.append((title if len(shown) else "Mistakes", body))
     return html_page.page("Evaluation report", sections)
