@@ -38,6 +38,7 @@ from typing_extensions import override
 # What the ranks agree on (the largest wins), and the exit status of each.
 NO_SIGNAL, TERMINATE, INTERRUPT, REQUEUE = 0, 1, 2, 3
 EXIT_SIGNAL = {TERMINATE: signal.SIGTERM, INTERRUPT: signal.SIGINT}
+HEARD_CTRL_C = b"Ctrl-C: stopping after this batch, with a checkpoint (again: at once)\n"
 
 
 class StopOnSignal(L.Callback):
@@ -91,9 +92,11 @@ class StopOnSignal(L.Callback):
         if signum == signal.SIGINT:
             if self.received >= INTERRUPT:
                 raise KeyboardInterrupt  # Ctrl-C twice: now
-            # Someone is at the keyboard: say that it was heard (the run's ending says the rest). os.write, not
-            # print: the signal may arrive while Python is printing (print would fail as reentrant).
-            os.write(sys.stderr.fileno(), b"Ctrl-C: stopping after this batch, with a checkpoint (again: at once)\n")
+            # Someone is at the keyboard: say that it was heard (the run's ending says the rest), once: a terminal
+            # sends Ctrl-C to every rank. os.write, not print: the signal may arrive while Python is printing
+            # (print would fail as reentrant).
+            if self._trainer is None or self._trainer.is_global_zero:
+                os.write(sys.stderr.fileno(), HEARD_CTRL_C)
         reason = {self.requeue_signal: REQUEUE, signal.SIGINT: INTERRUPT}.get(signum, TERMINATE)
         self.received = max(self.received, reason)
         trainer = self._trainer
