@@ -14,8 +14,10 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,8 +69,7 @@ def write_indexed_photos(folder: Path) -> None:
             os.utime(path, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def start_server() -> tuple[Any, dict[str, str]]:
     """A local S3 server with a bucket, and the environment that reaches it (as for a real endpoint)."""
     from moto.server import ThreadedMotoServer
 
@@ -86,6 +87,12 @@ def store(tmp_path_factory):
 
     boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
                  aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)  # fmt: skip
+    return server, env
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    server, env = start_server()
     root = tmp_path_factory.mktemp("store")
     write_indexed_photos(root / "photos")
     yield root, env
@@ -323,6 +330,34 @@ def test_a_cache_disk_without_room_for_the_held_out_images_is_one_line_and_nothi
                          f"{run.relative_to(tmp_path)}/logs/error.log)"), line  # fmt: skip
     assert sorted(path.name for path in run.iterdir()) == ["logs"]  # the report of what happened, nothing else
     assert not any((tmp_path / "cache").iterdir())  # the mount is gone, and nothing was written under it
+
+
+def test_a_store_that_stops_answering_mid_run_ends_every_rank_in_one_line(tmp_path):
+    """A cache too small to keep the chunks reads them again each epoch; the store goes after the first epoch."""
+    server, env = start_server()
+    try:
+        write_indexed_photos(tmp_path / "photos")
+        assert pack(tmp_path, env, f"--output={STORE}").returncode == 0
+        args = stream_args(tmp_path, "--trainer.devices=2", "--data.max_cache_size=10KB", "--trainer.max_epochs=20")
+        training = subprocess.Popen(
+            [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(**env),
+        )  # fmt: skip
+        deadline = time.monotonic() + 240
+        while training.poll() is None and time.monotonic() < deadline:
+            if any(tmp_path.glob("runs/*/*/checkpoints/*.ckpt")):  # the first epoch is trained and validated
+                break
+            time.sleep(0.1)
+    finally:
+        server.stop()
+    stdout, stderr = training.communicate(timeout=240)
+    line = one_error_line(subprocess.CompletedProcess(training.args, training.returncode, stdout, stderr))
+    assert f"failed: reading {STORE} failed in a data loader worker (" in line, line
+    assert "check the network and the store" in line and line.count("--ckpt_path last") == 1, line
+    (stopped,) = [text for text in stderr.splitlines() if " stopped: " in text]  # the other rank, once
+    assert stopped.endswith("failed (a data loader worker failed); its error line says what to do"), stopped
+    (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    assert f"{last.relative_to(tmp_path)} holds step {torch.load(last, weights_only=True)['global_step']}" in line
 
 
 def test_packing_into_a_missing_bucket_is_one_line(store):

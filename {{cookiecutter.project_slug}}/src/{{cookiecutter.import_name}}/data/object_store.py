@@ -9,6 +9,7 @@ the client as litdata passes it: ``endpoint_url``, ``aws_access_key_id``, ...).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import tempfile
@@ -39,15 +40,25 @@ def configure_store_client() -> None:
       client is made, lazily and in loader threads, so the global state a resumed run restores would depend
       on timing. The jitter is drawn from the operating system instead; the global state stays the run's.
 
+    - Its chunk prefetch thread's crash report: a loader worker prints it, traceback and all, on the screen;
+      the reader hands the same error to the training process, whose one line (and error.log) report it.
+      The report goes to litdata's logger instead, at debug level.
+
     Called in every process that reaches the store (spawned processes import litdata afresh).
     """
-    from litdata.streaming import client, downloader
+    from litdata.streaming import client, downloader, reader
 
     options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
     if isinstance(options, dict):
         options["allow_http"] = "true"
     if getattr(client, "random", None) is random:
         client.random = random.SystemRandom()
+    if hasattr(reader.PrepareChunksThread, "_report_crash"):
+        reader.PrepareChunksThread._report_crash = _log_prefetch_crash
+
+
+def _log_prefetch_crash(thread: Any, error: BaseException) -> None:
+    logging.getLogger("litdata.streaming.reader").debug("chunk prefetch stopped", exc_info=error)
 
 
 def is_remote(location: str) -> bool:

@@ -1,7 +1,8 @@
 """What ended a run, in one line: what happened, where its last good state is, and what to do.
 
 The faults that end long runs on shared machines each get their own line: a full disk, a GPU out
-of memory, a loader worker killed (by the kernel, for host memory), a diverged loss. Any other
+of memory, a loader worker killed (by the kernel, for host memory) or failed (a store that stopped
+answering mid-run, for a streamed dataset), a diverged loss. Any other
 error is named by its type and first line. Each line names the newest complete checkpoint of the
 run with its step, as the file itself records it, so ``--ckpt_path last`` continues from a state
 the user was told about; the caller adds where the full report is (``error_report.py``).
@@ -15,12 +16,20 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from ..data.object_store import is_remote
 from ..foundation.errors import RUNTIME, UserError
 from ..foundation.files import NoSpaceError, is_full_disk
 from .checkpoint_io import stored_entry
 from .resolution import CHECKPOINTS, LAST
 
 WORKER_KILLED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited)")
+# torch re-raises a loader worker's exception in the training process with the worker's traceback as text
+WORKER_RAISED = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.")
+RAISED_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit): .+")
+# what a store's clients (boto3, obstore) say when the store stopped answering or refused a read mid-run
+STORE_WORDS = re.compile(r"S3 error|GCS error|ClientError|EndpointConnectionError|Timeout|error sending request")
+WORKER_REASON_CHARACTERS = 300
+LITDATA_RELAYED = "Original error: "
 
 
 class FaultError(UserError):
@@ -100,6 +109,15 @@ def describe_fault(error: BaseException, trainer: L.Trainer, run_dir: Path, firs
             f"a data loader worker (pid {pid}) was killed ({signal_name}), most likely by the system for lack of "
             f"host memory; {state}lower data.num_workers{now}, or free memory on this machine, then {again}"
         )
+    if isinstance(error, RuntimeError) and WORKER_RAISED.match(str(error)):
+        reason = worker_reason(str(error))
+        source = getattr(trainer.datamodule, "source", None)
+        if isinstance(source, str) and is_remote(source) and STORE_WORDS.search(reason):
+            return (
+                f"reading {source} failed in a data loader worker ({reason}); {state}check the network and the "
+                f"store (AWS_ENDPOINT_URL, data.storage_options), then {again}"
+            )
+        return f"a data loader worker failed: {reason}; {state}{again}"
     if isinstance(error, FloatingPointError):
         how = how_it_diverged(error, first_nonfinite_step)
         remedy = "lower model.optimizer.init_args.lr or lengthen the warm-up"
@@ -114,3 +132,11 @@ def describe_fault(error: BaseException, trainer: L.Trainer, run_dir: Path, firs
         return str(error)
     first_line = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     return f"the run failed with {type(error).__name__}: {first_line}; {state}{again}"
+
+
+def worker_reason(text: str) -> str:
+    """The last exception line of a loader worker's traceback, as torch relayed it (the error the worker ended on)."""
+    raised = [line.strip() for line in text.splitlines()[1:] if RAISED_LINE.match(line)]
+    reason = raised[-1] if raised else text.splitlines()[0]
+    reason = " ".join(reason.split(LITDATA_RELAYED)[-1].split())  # litdata's prefetch thread: the error it relays
+    return reason if len(reason) <= WORKER_REASON_CHARACTERS else reason[: WORKER_REASON_CHARACTERS - 3] + "..."

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
+from .faults import WORKER_RAISED
 from .launch import ending_on_its_own
 
 POLL_SECONDS = 0.5
@@ -63,6 +64,8 @@ def short_reason(error: BaseException) -> str:
     """What happened, in a few words, for the other ranks' line."""
     if error.__class__.__name__ == "OutOfMemoryError":
         return "out of GPU memory"
+    if isinstance(error, RuntimeError) and WORKER_RAISED.match(str(error)):
+        return "a data loader worker failed"
     first_line = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     return f"{type(error).__name__}: {first_line[:120]}"
 
@@ -73,6 +76,7 @@ class RankFailureWatch(Callback):
     def __init__(self) -> None:
         self.rank = 0
         self.failed_first: int | None = None  # this rank failed first (its own rank), else None
+        self._stopping = threading.Lock()
         self._store: dist.TCPStore | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -139,6 +143,8 @@ class RankFailureWatch(Callback):
 
     def _stop(self, store: dist.TCPStore | None = None, gone: bool = False) -> None:
         """Say why this rank stops, wait for the failing rank's report, and end the process."""
+        if not self._stopping.acquire(blocking=False):  # the watch and this rank's own consequent error: one line
+            threading.Event().wait()  # the first caller ends the process
         store = store or self._store
         if gone:
             line = f"rank {self.rank} stopped: rank 0 of the job is gone"
