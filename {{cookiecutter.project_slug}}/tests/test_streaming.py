@@ -350,7 +350,9 @@ def test_a_store_that_stops_answering_mid_run_ends_every_rank_in_one_line(tmp_pa
             time.sleep(0.1)
     finally:
         server.stop()
-    stdout, stderr = training.communicate(timeout=240)
+    training.wait(timeout=240)
+    # No process of the run outlives it: a loader worker waiting for a chunk held the output open for minutes.
+    stdout, stderr = training.communicate(timeout=30)
     line = one_error_line(subprocess.CompletedProcess(training.args, training.returncode, stdout, stderr))
     assert f"failed: reading {STORE} failed in a data loader worker (" in line, line
     assert "check the network and the store" in line and line.count("--ckpt_path last") == 1, line

@@ -11,6 +11,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from dataclasses import replace
 from multiprocessing.context import BaseContext
 from pathlib import Path
@@ -39,6 +41,7 @@ Storage = Literal["auto", "device", "memmap"]
 RESIDENT_SHARE_OF_FREE_MEMORY = 0.25
 # From this size up, a random-resized crop replaces the padded shift crop unless the config says otherwise.
 RESIZED_CROP_FROM = 64
+PARENT_CHECK_SECONDS = 1.0  # how soon a loader worker notices that its rank (or fork server) is gone
 
 
 def start_worker(worker_id: int) -> None:
@@ -59,7 +62,7 @@ def leave_signals_to_the_main_process() -> None:
 
 
 def end_with_the_rank() -> None:
-    """Let a fork server (``worker_context``) end when its rank does, so that the workers it started end too.
+    """End this loader worker, and a fork server (``worker_context``) that started it, when its rank ends.
 
     PyTorch's worker exits once its parent is gone; a fork server's workers have the server as
     parent, and the server exits once every copy of its "alive" pipe is closed. It hands a copy to
@@ -74,6 +77,17 @@ def end_with_the_rank() -> None:
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
+    # PyTorch's worker checks its parent between batches only; one waiting for data that will not come (a
+    # stream's chunk from a store that went away with the rank's fault) would outlive the rank by minutes,
+    # holding its memory and the terminal's output open. A thread ends it once the parent is gone.
+    parent = os.getppid()
+
+    def exit_when_orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(0)
+
+    threading.Thread(target=exit_when_orphaned, name="end-with-the-rank", daemon=True).start()
 
 
 def worker_context(num_workers: int, world_size: int, *served: object) -> BaseContext | None:

@@ -6,6 +6,7 @@ Each filter matches one message of one library, so every other warning stays vis
 from __future__ import annotations
 
 import logging
+import os
 import re
 import warnings
 
@@ -50,10 +51,18 @@ class _DropKnownLines(logging.Filter):
         return not self.pattern.match(record.getMessage())
 
 
+# What the resource tracker (a process of its own) says when loader workers from a fork server ended with their
+# rank's os._exit (a rank stopped for another's fault): it removes their semaphores, as it should, and says so.
+CHILD_WARNINGS = "ignore:resource_tracker:UserWarning"
+
+
 def silence_known_noise() -> None:
     """Install the filters (idempotent)."""
     for message, category in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+    inherited = [part for part in os.environ.get("PYTHONWARNINGS", "").split(",") if part]
+    if CHILD_WARNINGS not in inherited:  # read by the processes this one starts, the resource tracker among them
+        os.environ["PYTHONWARNINGS"] = ",".join([*inherited, CHILD_WARNINGS])
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(existing, _DropKnownLines) for existing in rank_zero.filters):
         rank_zero.addFilter(_DropKnownLines())
