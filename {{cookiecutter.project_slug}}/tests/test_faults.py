@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from .conftest import (
     DATASET,
@@ -211,6 +212,26 @@ def test_a_killed_loader_worker_is_named_and_the_run_resumes(work):
 
     resumed = resume(work, *killing)
     assert f"for {20 - saved} steps this session" in resumed.stdout and "last.ckpt (step 20)" in resumed.stdout
+
+
+class UndecodablePhotos(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        raise ValueError(f"photo {index} cannot be decoded")
+
+
+def test_a_loader_worker_s_error_is_named_by_the_worker_s_own_last_line():
+    """torch raises it again in the training process, the worker's traceback as its text; the line names the error."""
+    from {{ cookiecutter.import_name }}.machinery.faults import WORKER_RAISED, worker_reason
+    from {{ cookiecutter.import_name }}.machinery.rank_failure import short_reason
+
+    with pytest.raises(ValueError, match=r"^Caught ValueError in DataLoader worker process 0") as raised:
+        next(iter(torch.utils.data.DataLoader(UndecodablePhotos(), num_workers=1)))
+    assert WORKER_RAISED.match(str(raised.value))
+    assert worker_reason(str(raised.value)) == "ValueError: photo 0 cannot be decoded"
+    assert short_reason(raised.value) == "a data loader worker failed"
 
 
 def test_a_damaged_data_copy_is_rebuilt_from_its_archive_or_refused_without_it(work):

@@ -109,7 +109,7 @@ def describe_fault(error: BaseException, trainer: L.Trainer, run_dir: Path, firs
             f"a data loader worker (pid {pid}) was killed ({signal_name}), most likely by the system for lack of "
             f"host memory; {state}lower data.num_workers{now}, or free memory on this machine, then {again}"
         )
-    if isinstance(error, RuntimeError) and WORKER_RAISED.match(str(error)):
+    if WORKER_RAISED.match(str(error)):  # raised again as the worker's own type (a dataset's ValueError, ...)
         reason = worker_reason(str(error))
         source = getattr(trainer.datamodule, "source", None)
         if isinstance(source, str) and is_remote(source) and STORE_WORDS.search(reason):

@@ -64,7 +64,7 @@ def short_reason(error: BaseException) -> str:
     """What happened, in a few words, for the other ranks' line."""
     if error.__class__.__name__ == "OutOfMemoryError":
         return "out of GPU memory"
-    if isinstance(error, RuntimeError) and WORKER_RAISED.match(str(error)):
+    if WORKER_RAISED.match(str(error)):
         return "a data loader worker failed"
     first_line = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     return f"{type(error).__name__}: {first_line[:120]}"
