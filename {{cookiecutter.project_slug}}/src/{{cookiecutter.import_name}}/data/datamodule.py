@@ -8,14 +8,17 @@ the augmentation of whole batches where they already are.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import replace
 from multiprocessing.context import BaseContext
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Literal
 
 import lightning as L
@@ -45,9 +48,21 @@ PARENT_CHECK_SECONDS = 1.0  # how soon a loader worker notices that its rank (or
 
 
 def start_worker(worker_id: int) -> None:
-    """Ready a loader worker: it leaves signals to the main process and ends when its rank does."""
+    """Ready a loader worker: it leaves signals to the main process, ends when its rank does, prints no stray error."""
     leave_signals_to_the_main_process()
     end_with_the_rank()
+    sys.excepthook = log_stray_error
+
+
+def log_stray_error(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+    """A loader worker's errors outside its loop go to the log at debug level, not the screen.
+
+    The loop's own errors reach the training process, which names them in its one line. What else a
+    worker prints comes from its helper threads as it ends with its rank: multiprocessing handing a
+    batch's shared memory to a training process that has gone (its connection reset), a store client
+    calling into a closed event loop.
+    """
+    logging.getLogger(__name__).debug("loader worker", exc_info=(kind, error, trace))
 
 
 def leave_signals_to_the_main_process() -> None:

@@ -10,10 +10,7 @@ topology, from litdata's restripe of the rest (``stream_position.py``).
 from __future__ import annotations
 
 import itertools
-import logging
-import sys
 from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -36,16 +33,6 @@ def concatenated(items: Sequence[dict[str, Any]]) -> tuple[Tensor, Tensor, Tenso
 def stream_worker_init(worker_id: int) -> None:
     configure_store_client()
     start_worker(worker_id)
-    sys.excepthook = log_stray_error
-
-
-def log_stray_error(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
-    """A worker's errors outside its loop go to litdata's logger, not the screen.
-
-    The loop's own errors reach the training process, which reports them. What else a worker prints as
-    it ends with its rank is the store client's threads calling into a closed event loop.
-    """
-    logging.getLogger("litdata.streaming.reader").debug("loader worker", exc_info=(kind, error, trace))
 
 
 def loader_class() -> type:
