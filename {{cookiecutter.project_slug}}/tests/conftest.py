@@ -135,11 +135,17 @@ def write_image_folder(
 
 
 def images_args(image_dir: Path | str, *extra: str) -> list[str]:
-    """``fit`` with configs/images.yaml on ``image_dir``, tiny and quiet; ``extra`` comes last and wins."""
+    """``fit`` with configs/images.yaml from scratch on ``image_dir``, tiny and quiet; ``extra`` comes last and wins.
+
+    From scratch (``configs/presets/from_scratch.yaml``) and a tiny FastCNN: these runs test the data path
+    and the run's life, not the fine-tune (``finetune_args``).
+    """
     return [
         "fit",
         "--config",
         str(PROJECT_ROOT / "configs" / "images.yaml"),
+        "--config",
+        str(PROJECT_ROOT / "configs" / "presets" / "from_scratch.yaml"),
         f"--data.image_dir={image_dir}",
         "--data.image_size=32",
         "--data.val_fraction=0.25",
@@ -148,6 +154,30 @@ def images_args(image_dir: Path | str, *extra: str) -> list[str]:
         "--data.pack_workers=2",
         "--model.backbone=FastCNN",
         "--model.backbone.width=4",
+        "--trainer.accelerator=cpu",
+        "--trainer.max_epochs=2",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        *extra,
+    ]
+
+
+def finetune_args(image_dir: Path | str, weights: Path, *extra: str) -> list[str]:
+    """``fit`` with configs/images.yaml as shipped (its network from a weights file), small and quiet; ``extra`` wins.
+
+    The default fine-tune at 32 px: the recipe's automatic choices are left as the config leaves them.
+    """
+    return [
+        "fit",
+        "--config",
+        str(PROJECT_ROOT / "configs" / "images.yaml"),
+        f"--data.image_dir={image_dir}",
+        f"--model.backbone.weights_path={weights}",
+        "--data.image_size=32",
+        "--data.val_fraction=0.25",
+        "--data.num_workers=0",
+        "--data.pack_workers=2",
         "--trainer.accelerator=cpu",
         "--trainer.max_epochs=2",
         "--trainer.log_every_n_steps=1",

@@ -16,7 +16,7 @@ from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_o
 from {{ cookiecutter.import_name }}.models.backbones import AirBench, PatchWhitening
 from {{ cookiecutter.import_name }}.models.test_time import FlipTranslate
 
-from .conftest import PROJECT_ROOT, only_run_dir, run_cli, write_tiny_archive
+from .conftest import PROJECT_ROOT, default_config, only_run_dir, run_cli, write_tiny_archive
 
 FAST_CONFIG = PROJECT_ROOT / "configs" / "cifar10_fast.yaml"
 
@@ -25,7 +25,8 @@ FAST_CONFIG = PROJECT_ROOT / "configs" / "cifar10_fast.yaml"
 def test_fast_recipe_trains_evaluates_with_tta_and_exports(tmp_path):
     write_tiny_archive(tmp_path / "data", CIFAR10)
     run_cli(
-        "fit", "--config", str(FAST_CONFIG), "--data.data_dir=data", "--data.verify_checksum=false",
+        "fit", "--config", str(default_config()), "--config", str(FAST_CONFIG), "--data.data_dir=data",
+        "--data.verify_checksum=false",
         "--data.global_batch_size=32", "--data.storage=device", "--model.backbone.width=4",
         "--trainer.max_steps=9", "--trainer.log_every_n_steps=1", "--trainer.accelerator=cpu",
         "--trainer.enable_progress_bar=false",

@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 import timm
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from {{ cookiecutter.import_name }}.data.image_files import centre_crop, decode_image
+from {{ cookiecutter.import_name }}.foundation.errors import UsageError
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import TimmNet
 
-from .conftest import PROJECT_ROOT, cli_env, images_args, run_cli, write_image_folder
+from .conftest import PROJECT_ROOT, cli_env, finetune_args, images_args, run_cli, write_image_folder
 
 TIMM_NET = "{{ cookiecutter.import_name }}.models.backbones.TimmNet"
 
@@ -67,7 +69,7 @@ def test_a_weights_file_loads_through_timm_and_the_head_is_new(tmp_path, offline
     ids=["unknown-name", "no-weights", "offline-and-not-cached"],
 )
 def test_each_timm_mistake_is_one_line(settings, message, offline):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, UsageError), match=message):
         TimmNet(3, **settings)
 
 
@@ -130,24 +132,106 @@ def test_a_timm_network_is_trained_predicted_and_exported_as_its_weights_expect(
     assert "0.875" in card["input"]["resize"]
 
 
-@pytest.mark.slow  # two epochs of a ResNet-18 at 32 px, a test and an export
-@pytest.mark.every_render
-def test_the_finetune_preset_trains_the_head_then_everything_from_a_weights_file(tmp_path, offline):
-    photos = write_image_folder(tmp_path / "photos", per_class=8)
+def default_weights(path: Path) -> Path:
+    """A weights file of the default config's network (random weights: the route is tested, not the accuracy)."""
+    name = yaml.safe_load((PROJECT_ROOT / "configs" / "images.yaml").read_text())["model"]["backbone"]["init_args"]
+    return saved_weights(name["name"].split(".")[0], path)
+
+
+def plan_line(output: str) -> str:
+    (line,) = [line for line in output.splitlines() if "Fine-tuning " in line or "from scratch:" in line]
+    return line
+
+
+def test_a_new_head_starts_at_zero_unless_asked_for_timms_own(tmp_path, offline):
     weights = saved_weights("resnet18", tmp_path / "resnet18.pth")
-    preset = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "finetune.yaml")]
-    net = ["--model.backbone.name=resnet18.a1_in1k", f"--model.backbone.weights_path={weights}"]
-    tiny = ["--data.image_size=32", "--data.batch_size=8", "--trainer.max_epochs=2"]
-    result = run_cli(*images_args(photos, *preset, *net, *tiny), cwd=tmp_path, env=offline)
+    zero = TimmNet(4, name="resnet18.a1_in1k", weights_path=str(weights))
+    assert not zero.head().weight.any() and not zero.head().bias.any()
+    assert torch.equal(zero(torch.rand(2, 3, 32, 32)), torch.zeros(2, 4))  # every class equally likely
+    assert TimmNet(4, name="resnet18.a1_in1k", weights_path=str(weights), head_init="timm").head().weight.any()
+    with pytest.raises(ValueError, match=r"model\.backbone\.head_init must be zero or timm, got 'small'"):
+        TimmNet(4, name="resnet18.a1_in1k", weights_path=str(weights), head_init="small")
+
+
+@pytest.mark.slow  # a fit of the default network at 32 px
+def test_the_default_fine_tune_fits_the_folder_and_says_so_in_one_line(tmp_path, offline):
+    photos = write_image_folder(tmp_path / "photos", per_class=12)  # 27 training images of 3 classes
+    weights = default_weights(tmp_path / "default.pth")
+    result = run_cli(*finetune_args(photos, weights), cwd=tmp_path, env=offline)
+    line = plan_line(result.stdout + result.stderr)
+    assert line.endswith(
+        "Fine-tuning 27 training images: 2 epochs of 1 step, batch 16 (1 step an epoch), no MixUp below 20,000 "
+        "images, head alone for 1 epoch, the weights averaged over about the last 1 of 2 steps"
+    )
+    (run_dir,) = {path.parents[1] for path in tmp_path.glob("runs/images/*/checkpoints/last.ckpt")}
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["init_args"]
+    assert saved["batch_size"] is None and saved["mixup_alpha"] is None  # the config as given: the rule decides
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [event.step for event in events.Scalars("train/lr/head")] == [0, 1]  # one batch of 16 an epoch
+
+
+@pytest.mark.slow  # three short fits of the default network at 32 px
+def test_each_automatic_choice_gives_way_to_a_value_the_config_sets(tmp_path, offline):
+    photos = write_image_folder(tmp_path / "photos", per_class=12)
+    weights = default_weights(tmp_path / "default.pth")
+    config = yaml.safe_load((PROJECT_ROOT / "configs" / "images.yaml").read_text())
+    config["data"]["init_args"].update(batch_size=8, mixup_alpha=0.2)
+    (freeze,) = [item for item in config["trainer"]["callbacks"] if item["class_path"].endswith(".FreezeBackbone")]
+    freeze["init_args"]["unfreeze_at_epoch"] = 0
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(config))
+    args = finetune_args(photos, weights)
+    args[args.index(str(PROJECT_ROOT / "configs" / "images.yaml"))] = str(tmp_path / "mine.yaml")
+    result = run_cli(*args, cwd=tmp_path, env=offline)
+    line = plan_line(result.stdout + result.stderr)
+    assert "batch 8 (as set; 3 steps an epoch), MixUp 0.2 (as set), all layers at once (as set)" in line
+
+    # A step budget instead of epochs: the epochs follow from the steps an epoch has.
+    budget = run_cli(*finetune_args(photos, weights, "--trainer.max_epochs=-1", "--trainer.max_steps=3"),
+                     cwd=tmp_path, env=offline)  # fmt: skip
+    assert "Fine-tuning 27 training images: 3 steps (3 epochs of 1), batch 16" in plan_line(
+        budget.stdout + budget.stderr
+    )
+
+    # From scratch, nothing pretrained is kept: no head-first epoch, and the line says so.
+    scratch = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "from_scratch.yaml"), "--data.image_size=32"]
+    args = [*finetune_args(photos, weights)[:3], *scratch, f"--data.image_dir={photos}", "--data.val_fraction=0.25",
+            "--data.num_workers=0", "--trainer.max_epochs=1", "--model.backbone.width=4"]  # fmt: skip
+    result = run_cli(*args, cwd=tmp_path, env=offline)
+    line = plan_line(result.stdout + result.stderr)
+    # (a batch of 256 is more than the folder holds: fitted to the 27 images)
+    assert line.startswith("Training 27 training images from scratch: 1 epoch of 1 step, batch 27 (as set; 1 step an")
+    assert "all layers at once" in line
+
+
+def test_the_default_photo_config_without_weights_is_refused_in_one_line(tmp_path, offline):
+    photos = write_image_folder(tmp_path / "photos", per_class=4)
+    before = sorted(path.name for path in tmp_path.iterdir())
+    result = run_cli("fit", "--config", str(PROJECT_ROOT / "configs" / "images.yaml"), f"--data.image_dir={photos}",
+                     cwd=tmp_path, env=offline, check=False)  # fmt: skip
+    assert result.returncode == 2
+    seed, line = result.stderr.strip().splitlines()  # Lightning's "Seed set to 42", then the one line
+    assert seed == "Seed set to 42" and "Traceback" not in result.stdout
+    assert line.startswith("error: the pretrained weights of tf_efficientnet_lite1.in1k are not in the Hugging Face")
+    assert "--model.backbone.weights_path FILE" in line and line.endswith("--config configs/presets/from_scratch.yaml")
+    assert sorted(path.name for path in tmp_path.iterdir()) == before  # no run folder, no packed copy
+
+
+@pytest.mark.slow  # two epochs of the default network at 32 px, a test and an export
+@pytest.mark.every_render
+def test_the_default_fine_tune_trains_the_head_then_everything_from_a_weights_file(tmp_path, offline):
+    photos = write_image_folder(tmp_path / "photos", per_class=12)
+    weights = default_weights(tmp_path / "default.pth")
+    result = run_cli(*finetune_args(photos, weights, "--data.batch_size=8"), cwd=tmp_path, env=offline)
     output = result.stdout + result.stderr
     assert "the head trains" in output and "all layers train" in output
     (run,) = tmp_path.glob("runs/images/*/checkpoints/last.ckpt")
     checkpoint = torch.load(run, weights_only=True)
     hparams = checkpoint["hyper_parameters"]
-    assert hparams["backbone"]["init_args"]["name"] == "resnet18.a1_in1k"
-    assert tuple(hparams["mean"]) == (0.485, 0.456, 0.406)  # what the a1 weights were trained with
+    assert hparams["backbone"]["init_args"]["name"] == "tf_efficientnet_lite1.in1k"
+    assert tuple(hparams["mean"]) == (0.5, 0.5, 0.5)  # what the lite weights were trained with
 
-    # The pretrained body learned at a tenth of the head's rate; the MixUp batches counted in train/top1.
+    # The pretrained body learned at a tenth of the head's rate.
     events = EventAccumulator(str(run.parents[1]), size_guidance={"scalars": 0})
     events.Reload()
     head, body = ([e.value for e in events.Scalars(f"train/lr/{part}")] for part in ("head", "body"))
@@ -156,18 +240,19 @@ def test_the_finetune_preset_trains_the_head_then_everything_from_a_weights_file
 
     # The checkpoint's weights are the moving average; the training weights are kept beside them.
     averaged, trained = checkpoint["state_dict"], checkpoint["current_model_state"]
-    assert not torch.equal(averaged["backbone.network.fc.weight"], trained["backbone.network.fc.weight"])
+    head_key = "backbone.network.classifier.weight"
+    assert not torch.equal(averaged[head_key], trained[head_key])
     tested = run_cli("test", "--config", str(run.parents[1] / "config.yaml"), "--ckpt_path=last", cwd=tmp_path,
                      env=offline)  # fmt: skip
     assert "WeightAveraging" not in tested.stdout + tested.stderr  # nothing to restore outside fit, nothing said
     (report,) = run.parents[1].glob("test/*/report.html")  # the report of a timm network: overlays where it errs
     assert "no overlays" not in report.read_text() and "Per class" in report.read_text()
     model = ImageClassifier.load_from_checkpoint(run, map_location="cpu")
-    assert torch.equal(model.state_dict()["backbone.network.fc.weight"], averaged["backbone.network.fc.weight"])
+    assert torch.equal(model.state_dict()[head_key], averaged[head_key])
     exported = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "export.py"), f"--ckpt_path={run}", "--formats=onnx", "--tolerance=0.05"],
         cwd=tmp_path, capture_output=True, text=True, env=cli_env(**offline), timeout=600,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-3000:]
     card = (run.parent / "export" / "model.card.md").read_text()
-    assert "- Weights: the moving average of the training weights over 4 updates (EMAWeights)" in card
+    assert "- Weights: the moving average of the training weights over 6 updates (EMAWeights)" in card

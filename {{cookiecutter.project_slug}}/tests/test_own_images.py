@@ -176,13 +176,14 @@ def test_arrays_with_class_names(tmp_path, layout):
     assert np.array_equal(np.load(packed.split("train").images), images.transpose(0, 3, 1, 2))
 
 
-def test_the_default_config_trains_on_a_folder_of_forty_photos(tmp_path):
+def test_the_from_scratch_config_trains_on_a_folder_of_forty_photos(tmp_path):
     # 36 training images after the validation split: fewer than the config's batch of 256, so the batch is
     # lowered to the split (with a line saying so) instead of the run being refused.
     photos = write_image_folder(tmp_path / "photos", classes=("ant", "bee", "cow", "doe"), per_class=10)
-    config = str(PROJECT_ROOT / "configs" / "images.yaml")
+    configs = ["--config", str(PROJECT_ROOT / "configs" / "images.yaml")]
+    configs += ["--config", str(PROJECT_ROOT / "configs" / "presets" / "from_scratch.yaml")]
     tiny = ["--trainer.accelerator=cpu", "--trainer.max_epochs=1", "--data.num_workers=0"]
-    result = run_cli("fit", "--config", config, f"--data.image_dir={photos}", *tiny, cwd=tmp_path)
+    result = run_cli("fit", *configs, f"--data.image_dir={photos}", *tiny, cwd=tmp_path)
     output = result.stdout + result.stderr
     assert "more than the 36 training images; training with 36 per device instead" in output
     assert "Batch: 36 per device = 36 images per optimizer step" in output
@@ -430,14 +431,13 @@ def test_a_bad_image_dir_is_one_line_and_leaves_nothing(tmp_path, make, message)
 
 
 @pytest.mark.slow  # a ResNet-18 epoch
-def test_the_pretrained_preset_trains_the_head_alone_first(tmp_path):
+def test_torchvisions_pretrained_weights_train_the_head_alone_first(tmp_path):
     photos = write_image_folder(tmp_path / "photos", per_class=8)
     torch.manual_seed(0)
     reference = torchvision.models.resnet18()
     torch.save(reference.state_dict(), tmp_path / "resnet18.pt")
     args = images_args(
         photos,
-        "--config=" + str(Path(__file__).resolve().parents[1] / "configs" / "presets" / "pretrained.yaml"),
         "--model.backbone=TorchvisionNet",
         "--model.backbone.weights=null",
         f"--model.backbone.weights_path={tmp_path / 'resnet18.pt'}",

@@ -87,8 +87,9 @@ def test_a_failed_evaluation_leaves_no_report(trained):
         (lambda: FastCNN(3, width=4), "5"),
         (lambda: TorchvisionNet(3, "resnet18"), "layer4"),
         (lambda: TorchvisionNet(3, "vit_b_16"), None),
-        (lambda: TimmNet(3, "resnet10t", pretrained=False), "layer4"),
-        (lambda: TimmNet(3, "efficientnet_b0", pretrained=False), "blocks.6"),
+        # timm's random heads: a zero head (the fine-tune's start) points nowhere until it has trained
+        (lambda: TimmNet(3, "resnet10t", pretrained=False, head_init="timm"), "layer4"),
+        (lambda: TimmNet(3, "efficientnet_b0", pretrained=False, head_init="timm"), "blocks.6"),
     ],
     ids=["FastCNN", "torchvision-resnet18", "torchvision-vit", "timm-resnet10t", "timm-efficientnet_b0"],
 )

@@ -208,7 +208,8 @@ def scalars(run_dir: Path, prefix: str) -> dict[str, dict[int, float]]:
 
 
 # The fast recipe (a CIFAR-10 recipe whatever the default dataset), small and in fp32 on the CPU.
-FAST = ["--config", "configs/cifar10_fast.yaml", "--data.global_batch_size=32", "--model.backbone.width=8"]
+FAST = ["--config", str(default_config()), "--config", "configs/cifar10_fast.yaml", "--data.global_batch_size=32"]
+FAST += ["--model.backbone.width=8"]
 FAST += ["--trainer.precision=32-true"]
 # (Constant has nothing to stretch; OneCycle, the default, is extended under the debug preset.)
 EXTENSIONS = [

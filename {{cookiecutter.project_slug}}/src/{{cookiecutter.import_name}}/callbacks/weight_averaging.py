@@ -52,6 +52,14 @@ class EMAWeights(WeightAveraging):
         self._decay_now = min(self.decay, (1 + earlier) / (10 + earlier)) if self.warmup else self.decay
         return True
 
+    def describe_choices(self, trainer: L.Trainer) -> list[str]:
+        """The average's span at the end of this run's steps, in words (for the fine-tune's plan line)."""
+        updates = int(trainer.estimated_stepping_batches) // self.update_every_n_steps
+        decay = min(self.decay, updates / (9 + updates)) if self.warmup else self.decay
+        span = max(1, round(1 / (1 - decay)))
+        steps = span * self.update_every_n_steps
+        return [f"the weights averaged over about the last {steps:,} of {updates * self.update_every_n_steps:,} steps"]
+
     def _blend(self, averages: list[Tensor], currents: list[Tensor], updates: Tensor) -> None:
         get_ema_multi_avg_fn(self._decay_now)(averages, currents, updates)
 

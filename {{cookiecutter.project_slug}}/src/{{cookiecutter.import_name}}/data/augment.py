@@ -170,6 +170,7 @@ class BatchAugment:
         self.padding_mode = padding_mode
         self.resized_crop_scale = resized_crop_scale  # None: no random-resized crop
         self.output_size = output_size  # the network's input side, when the packed images are larger (a margin)
+        self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
         self.mixing = batch_mixing(mixup_alpha, cutmix_alpha, num_classes)  # None: labels stay class indices
         self.mix_generator = torch.Generator()  # the seeds of the batches' mixing draws, on the CPU
         self.generator: torch.Generator | None = None

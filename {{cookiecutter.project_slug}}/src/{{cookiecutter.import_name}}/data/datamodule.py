@@ -35,6 +35,7 @@ from .augment import BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
 from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, cross_validation_folds, keep_batch
 from .errors import DataError, DataSettingError
+from .folder_size import MIXUP_FROM_IMAGES, batch_for, counted, cutmix_for, mixup_for
 from .image_files import Interpolation, Resize, centre_crop, load_image_folder
 from .interfaces import HeldOutImages
 from .loader import FirstBatchStartLoader, TrainerEpochSampler
@@ -130,7 +131,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        batch_size: int = 512,
+        batch_size: int | None = 512,
         global_batch_size: int | None = None,
         eval_batch_size: int | None = None,
         num_workers: int = 2,
@@ -140,8 +141,8 @@ class ImageDataModule(L.LightningDataModule):
         resized_crop_scale: tuple[float, float] = (0.35, 1.0),
         flip: FlipMode = "random",
         cutout: int = 0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
+        mixup_alpha: float | None = 0.0,
+        cutmix_alpha: float | None = 0.0,
         folds: int = 0,
         fold: int = 0,
         storage: Storage = "auto",
@@ -152,7 +153,8 @@ class ImageDataModule(L.LightningDataModule):
 
         Args:
             batch_size: Training images per batch and per device (an optimizer step takes this x devices x
-                trainer.accumulate_grad_batches); ignored when global_batch_size is set.
+                trainer.accumulate_grad_batches); ignored when global_batch_size is set; null: from the number of
+                training images (16 below 1,000, 32 below 10,000, else 64: data/folder_size.py).
             global_batch_size: Training images per optimizer step over all devices and accumulated batches;
                 replaces batch_size (per device: this / devices / accumulate_grad_batches, which must divide).
             eval_batch_size: Images per validation/test/predict batch and device; defaults to the training
@@ -168,9 +170,11 @@ class ImageDataModule(L.LightningDataModule):
                 (each image in a fixed random orientation, mirrored on odd epochs) or none.
             cutout: Side in pixels of a square zeroed at a random place in each training image; 0 disables it.
             mixup_alpha: MixUp: each training image blended with another, labels in the same shares drawn from
-                Beta(alpha, alpha) (0.2 is a common start); 0 disables it.
+                Beta(alpha, alpha) (0.2 is a common start); 0 disables it; null: 0.2 from 20,000 training images, off
+                below.
             cutmix_alpha: CutMix: a box of another training image pasted in, labels by area, from Beta(alpha,
-                alpha) (1.0 is the usual); 0 disables it. With both on, each batch gets one of the two.
+                alpha) (1.0 is the usual); 0 disables it; null: 1.0 from 20,000 training images, off below. With
+                both on, each batch gets one of the two.
             folds: Cross-validation: deal the training images into this many stratified folds, train on all but
                 fold ``fold`` and validate on it (check_labels.py runs each); 0: off.
             fold: Which fold (counted from 0) is held out for validation when ``folds`` is set.
@@ -187,7 +191,7 @@ class ImageDataModule(L.LightningDataModule):
         # (null: the network's, or ImageNet's) would clash with them.
         self.save_hyperparameters(ignore=["class_names", "mean", "std"])
         sizes = (
-            ("batch_size", batch_size),
+            ("batch_size", 1 if batch_size is None else batch_size),
             ("global_batch_size", global_batch_size or 1),
             ("eval_batch_size", eval_batch_size or 1),
         )
@@ -226,8 +230,10 @@ class ImageDataModule(L.LightningDataModule):
         )
         # Checks the choices now; sized (and given the class count) in setup().
         self.augment = BatchAugment(
-            0, flip, cutout, crop_padding_mode, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha
+            0, flip, cutout, crop_padding_mode, mixup_alpha=mixup_alpha or 0.0, cutmix_alpha=cutmix_alpha or 0.0
         )
+        # What the settings left null became for this training split (set in serve(): folder_size.py's rules).
+        self.chosen: dict[str, float] = {}
         self.predict_dir = Path(predict_dir) if predict_dir else None
         self.resident: dict[str, ResidentBatches] = {}
         self.seed = 0
@@ -254,6 +260,8 @@ class ImageDataModule(L.LightningDataModule):
     def sized_augmentation(self) -> BatchAugment:
         """The augmentation for this dataset's image size (crop padding and the resized crop follow the size)."""
         padding, padding_mode, resized, scale, flip, cutout, mixup, cutmix = self._augment_settings
+        mixup = mixup if mixup is not None else self.chosen.get("mixup_alpha", 0.0)
+        cutmix = cutmix if cutmix is not None else self.chosen.get("cutmix_alpha", 0.0)
         if resized is None:
             resized = self.image_size >= RESIZED_CROP_FROM
         if padding is None:
@@ -297,6 +305,7 @@ class ImageDataModule(L.LightningDataModule):
         self.train_set, self.val_set, self.test_set = train, val, test
         self.predict_set = test
         self.predict_names = []  # test-set images are named by their index (predict_name)
+        self.chosen = self.choices_for(len(train))
         batches = self._derive_batch_sizes()
         if stage == "fit" and len(train) < batches.per_device * batches.devices:
             self._fit_batch_to(len(train), batches)
@@ -306,11 +315,42 @@ class ImageDataModule(L.LightningDataModule):
         self.augment.seed(self.seed + rank, image_seed=self.seed)
         self._place_splits()
 
+    def choices_for(self, training_images: int) -> dict[str, float]:
+        """What each setting left null becomes for ``training_images`` images (``folder_size.py``'s rules)."""
+        _, _, _, _, _, _, mixup, cutmix = self._augment_settings
+        rules = (
+            ("batch_size", self.batch_size is None and self.global_batch_size is None, batch_for),
+            ("mixup_alpha", mixup is None, mixup_for),
+            ("cutmix_alpha", cutmix is None, cutmix_for),
+        )
+        return {name: rule(training_images) for name, left_null, rule in rules if left_null}
+
+    def describe_choices(self) -> list[str]:
+        """The batch and the mixing of this run in words, each marked "(as set)" where the config gave it."""
+        if self.train_set is None or self.batches is None:
+            return []
+        steps = len(self.train_set) // self.batches.per_step
+        given = "" if "batch_size" in self.chosen else "as set; "
+        words = [f"batch {self.batches.per_device} ({given}{counted(steps, 'step')} an epoch)"]
+        mixup, cutmix = self.augment.mixup_alpha, self.augment.cutmix_alpha
+        automatic = {"mixup_alpha", "cutmix_alpha"} & set(self.chosen)
+        if mixup or cutmix:
+            mixing = " and ".join(f"{name} {alpha}" for name, alpha in (("MixUp", mixup), ("CutMix", cutmix)) if alpha)
+        else:
+            mixing = "no MixUp"
+        if not automatic:
+            words.append(f"{mixing} (as set)")
+        elif mixup or cutmix:
+            words.append(f"{mixing} from {MIXUP_FROM_IMAGES:,} images")
+        else:
+            words.append(f"{mixing} below {MIXUP_FROM_IMAGES:,} images")
+        return words
+
     def _derive_batch_sizes(self) -> BatchSizes:
         """The batch sizes for this trainer's devices and gradient accumulation (``data/batches.py``)."""
         trainer = self.trainer
         self.batches = BatchSizes.derive(
-            self.batch_size,
+            self.batch_size or self.chosen.get("batch_size") or batch_for(0),
             self.global_batch_size,
             self.eval_batch_size,
             devices=trainer.world_size if trainer is not None else 1,

@@ -122,7 +122,8 @@ class StreamedImageDataModule(ImageDataModule):
         if self.folds:
             raise ValueError("data.folds: cross-validation reads a local copy; run check_labels.py on the folder")
         per_item = int(record["images_per_item"])
-        if self.global_batch_size is None and self.batch_size % per_item:
+        # (null, the batch from the number of images, is 16, 32 or 64: a multiple of any power of two to 8)
+        if self.global_batch_size is None and self.batch_size is not None and self.batch_size % per_item:
             suggestion = max(per_item, self.batch_size // per_item * per_item)
             raise ValueError(
                 f"{self.source} stores {per_item} images per item, and data.batch_size {self.batch_size} is not a "

@@ -79,8 +79,10 @@ def parse_error_line(message: str) -> str:
     reason = "; ".join(reasons).replace(". Got value: ", ", got ").replace(":; ", ": ")
     reason = re.sub(r"Expected a typing\.Literal\[(.*?)\]", r"expected one of \1", reason)
     reason = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", reason)
-    given = re.findall(r"^\s*Given value: (.*)$", message, re.MULTILINE)
-    if given and not given[-1].startswith("NestedArg(") and given[-1] not in reason:
+    # (a subclass's key is reported twice: the value itself, then wrapped as NestedArg(key=..., val=...))
+    values = re.findall(r"^\s*Given value: (.*)$", message, re.MULTILINE)
+    given = [value for value in values if "NestedArg(" not in value]
+    if given and given[-1] not in reason:
         reason += f", got {given[-1]}"
     return f"{'.'.join(keys)}: {reason}"
 

@@ -17,9 +17,11 @@ the first stage still sees the full image.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import torch
 import torchvision
@@ -262,6 +264,7 @@ class TorchvisionNet(nn.Module):
         setattr(parent, head_name, nn.Linear(old.in_features, num_classes))
         self.network = network
         self.head_name = f"network.{parent_name + '.' if parent_name else ''}{head_name}"
+        self.pretrained = bool(weights or weights_path)  # FreezeBackbone: a head-first phase only protects weights
 
     @override
     def forward(self, images: Tensor) -> Tensor:
@@ -272,7 +275,9 @@ class TorchvisionNet(nn.Module):
         return self.get_submodule(self.head_name)
 
 
-DEFAULT_TIMM_NETWORK = "resnet50.a1_in1k"
+DEFAULT_TIMM_NETWORK = "tf_efficientnet_lite1.in1k"
+HUB_CONNECT_SECONDS = 5.0  # how long the hub may take to answer a connection before it counts as unreachable
+HeadInit = Literal["zero", "timm"]
 
 
 class TimmNet(nn.Module):
@@ -293,6 +298,7 @@ class TimmNet(nn.Module):
         weights_path: str | None = None,
         drop_rate: float = 0.0,
         drop_path_rate: float | None = None,
+        head_init: HeadInit = "zero",
     ) -> None:
         """Build the network.
 
@@ -305,10 +311,13 @@ class TimmNet(nn.Module):
                 without network access; loaded as timm loads its own.
             drop_rate: Dropout before the classifier head.
             drop_path_rate: Stochastic depth of the residual blocks (networks that have them; null: the network's).
+            head_init: The new head's starting weights: zero (every class equally likely at first, as BiT starts)
+                or timm (its random initialization).
         """
         super().__init__()
         import timm  # imported when a timm network is asked for: the CLI starts without it
 
+        check_choice("model.backbone.head_init", head_init, HeadInit)
         _check_timm_name(name, pretrained and not weights_path)
         options: dict[str, Any] = {"num_classes": num_classes, "drop_rate": drop_rate}
         if drop_path_rate is not None:
@@ -320,14 +329,22 @@ class TimmNet(nn.Module):
             _check_weights_file(name, path)
             options["pretrained_cfg_overlay"] = {"file": str(path)}
         try:
+            if pretrained and not weights_path:
+                _check_hub_reachable(name)
             self.network = timm.create_model(name, pretrained=pretrained or bool(weights_path), **options)
         except Exception as error:  # the hub: no network and no cached copy (OSError, the hub's own errors)
-            raise ValueError(
+            raise UsageError(
                 f"the pretrained weights of {name} are not in the Hugging Face cache and could not be downloaded "
-                f"({type(error).__name__}); download them where there is network access "
-                f"(timm.create_model({name!r}, pretrained=True) fills the cache, HF_HOME says where) and copy the "
-                "cache here, or pass the weights file as model.backbone.weights_path"
+                f"({type(error).__name__}); pass a weights file of it as --model.backbone.weights_path FILE "
+                f"(timm.create_model({name!r}, pretrained=True) fills the cache where there is network access), "
+                "or train from scratch with --config configs/presets/from_scratch.yaml"
             ) from error
+        self.pretrained = pretrained or bool(weights_path)  # FreezeBackbone: a head-first phase only protects weights
+        if head_init == "zero":
+            # A random head of a pretrained body starts loud (logits of several units on any photo) and its first
+            # gradients shake the body; at zero it starts from "every class equally likely" and learns from there.
+            for parameter in self.head().parameters():
+                nn.init.zeros_(parameter)
 
     @staticmethod
     def expected_input(settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -393,6 +410,28 @@ def _check_timm_name(name: str, wants_weights: bool) -> None:
             f"model.backbone.name {name!r} has no pretrained weights in timm; choose a name with weights ({offer}), "
             "or set model.backbone.pretrained false"
         )
+
+
+def _check_hub_reachable(name: str) -> None:
+    """Raise ``ConnectionError`` at once when the weights are not cached and the hub cannot be reached.
+
+    Without it, a machine without network waits half a minute for the hub client's retries (each one
+    a warning on the screen) before the same answer.
+    """
+    import huggingface_hub
+    import timm
+
+    repo = getattr(timm.models.get_pretrained_cfg(name), "hf_hub_id", None)
+    if not repo or huggingface_hub.constants.HF_HUB_OFFLINE:
+        return  # timm's own route answers at once
+    files = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
+    if any(isinstance(huggingface_hub.try_to_load_from_cache(repo, file), str) for file in files):
+        return
+    host = urlparse(huggingface_hub.constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=HUB_CONNECT_SECONDS).close()
+    except OSError as error:
+        raise ConnectionError(f"{host} cannot be reached ({error})") from error
 
 
 def _check_weights_file(name: str, path: Path) -> None:
