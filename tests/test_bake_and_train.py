@@ -132,6 +132,17 @@ def train_and_export_a_folder_of_photos(project: Path, package: str, tmp_path: P
                  for path in (tmp_path / "runs" / "images").glob("*/config.yaml")}  # fmt: skip
     assert backbones == {"TimmNet", "TorchvisionNet"}
 
+    # main.py loads configs/images.yaml first in a photo render: none of its fine-tuning settings reach CIFAR-10's
+    # config, or the fast recipe stacked on it, which resolve as they do in a CIFAR render.
+    for configs in (["cifar10.yaml"], ["cifar10.yaml", "cifar10_fast.yaml"]):
+        stacked = [part for name in configs for part in ("--config", str(project / "configs" / name))]
+        printed = run(sys.executable, str(project / "main.py"), "fit", *stacked, "--print_config", cwd=tmp_path)
+        resolved = yaml.safe_load(printed.stdout)
+        assert resolved["model"]["backbone_lr_scale"] == 1.0 and resolved["data"]["init_args"]["mixup_alpha"] == 0.0
+        callbacks = {callback["class_path"].rsplit(".", 1)[1] for callback in resolved["trainer"]["callbacks"]}
+        assert not callbacks & {"FreezeBackbone", "EMAWeights"}, callbacks
+    assert resolved["model"]["test_time_augmentation"]["class_path"].endswith(".FlipTranslate")  # the fast recipe's
+
 
 @pytest.mark.parametrize("installed", RENDERS, indirect=True)
 def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):

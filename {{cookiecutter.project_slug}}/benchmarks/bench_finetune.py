@@ -143,7 +143,7 @@ def main() -> None:
                 top1, seconds = train(arm, args, seed, scratch)
                 results[arm].append((top1, seconds))
                 print(f"| {arm} | {seed} | {100 * top1:.2f} % | {seconds:.1f} |", flush=True)
-    summary: dict[str, object] = {key: str(getattr(args, key)) for key in ("network", "epochs", "seeds")}
+    summary: dict[str, object] = {"network": args.network, "epochs": args.epochs, "seeds": args.seeds}
     for arm, runs in results.items():
         tops, seconds = [top for top, _ in runs], [second for _, second in runs]
         summary[f"{arm}_top1"] = statistics.mean(tops)

@@ -25,7 +25,15 @@ from {{ cookiecutter.import_name }}.foundation.errors import UsageError
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import TimmNet
 
-from .conftest import PROJECT_ROOT, cli_env, finetune_args, images_args, run_cli, write_image_folder
+from .conftest import (
+    PROJECT_ROOT,
+    cli_env,
+    finetune_args,
+    free_port,
+    images_args,
+    run_cli,
+    write_image_folder,
+)
 
 TIMM_NET = "{{ cookiecutter.import_name }}.models.backbones.TimmNet"
 
@@ -204,11 +212,14 @@ def test_each_automatic_choice_gives_way_to_a_value_the_config_sets(tmp_path, of
     assert "all layers at once" in line
 
 
-def test_the_default_photo_config_without_weights_is_refused_in_one_line(tmp_path, offline):
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_the_default_photo_config_without_weights_is_refused_in_one_line(tmp_path, offline, hub):
     photos = write_image_folder(tmp_path / "photos", per_class=4)
     before = sorted(path.name for path in tmp_path.iterdir())
+    if hub == "unreachable":  # no HF_HUB_OFFLINE, and nothing answers where the hub should be: no retries shown
+        offline = {**offline, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
     result = run_cli("fit", "--config", str(PROJECT_ROOT / "configs" / "images.yaml"), f"--data.image_dir={photos}",
-                     cwd=tmp_path, env=offline, check=False)  # fmt: skip
+                     cwd=tmp_path, env=offline, check=False, timeout=60)  # fmt: skip
     assert result.returncode == 2
     seed, line = result.stderr.strip().splitlines()  # Lightning's "Seed set to 42", then the one line
     assert seed == "Seed set to 42" and "Traceback" not in result.stdout
@@ -256,3 +267,25 @@ def test_the_default_fine_tune_trains_the_head_then_everything_from_a_weights_fi
     assert exported.returncode == 0, exported.stderr[-3000:]
     card = (run.parent / "export" / "model.card.md").read_text()
     assert "- Weights: the moving average of the training weights over 6 updates (EMAWeights)" in card
+
+
+@pytest.mark.slow  # two CPU processes, two epochs of the default network at 32 px
+@pytest.mark.every_render
+def test_the_default_fine_tune_runs_under_ddp_with_its_body_frozen_for_the_head_epoch(tmp_path, offline):
+    # The DDP preset searches for no unused parameters: the frozen body still gets its gradients, dropped before
+    # each step, so the reducer sees every parameter and the body stays exactly as loaded for the head's epoch.
+    photos = write_image_folder(tmp_path / "photos", per_class=12)
+    weights = default_weights(tmp_path / "default.pth")
+    ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--trainer.devices=2"]
+    head_epoch = ["--trainer.max_epochs=1", "--data.batch_size=4"]
+    result = run_cli(*finetune_args(photos, weights, *ddp, *head_epoch), cwd=tmp_path, env=offline, timeout=600)
+    assert "Fine-tuning 27 training images: 1 epoch of 3 steps, batch 8 (4 per device x 2 devices; as set; 3 steps" in (
+        result.stdout + result.stderr
+    )
+    (last,) = tmp_path.glob("runs/images/*/checkpoints/last.ckpt")
+    checkpoint = torch.load(last, weights_only=True)
+    trained, loaded = checkpoint["current_model_state"], torch.load(weights, weights_only=True)
+    assert checkpoint["global_step"] == 3
+    body = [key for key in loaded if not key.startswith("classifier.") and "running" not in key and "batches" not in key]
+    assert body and all(torch.equal(trained[f"backbone.network.{key}"], loaded[key]) for key in body)
+    assert trained["backbone.network.classifier.weight"].any()  # the head learned

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -18,8 +19,8 @@ class FreezeBackbone(L.Callback):
     Frozen means no gradient (and so no update and no weight decay); the frozen parameters stay in
     the optimizer, so unfreezing needs no new parameter group and the learning-rate schedule covers
     them from then on. Which layers train follows from the epoch alone, so a resumed run freezes
-    exactly what the uninterrupted one did. BatchNorm statistics keep updating. Under DDP, set
-    ``trainer.strategy: ddp_find_unused_parameters_true`` (the frozen layers get no gradient).
+    exactly what the uninterrupted one did. BatchNorm statistics keep updating. Under DDP the frozen
+    layers' gradients are computed and dropped instead, so the strategy needs no unused-parameter search.
 
     At the start of training it prints the fine-tune's plan in one line: the images, the epochs and
     steps, the batch and mixing the data chose, this phase, and the weight average's span, each
@@ -39,6 +40,7 @@ class FreezeBackbone(L.Callback):
         self.unfreeze_at_epoch = unfreeze_at_epoch
         self.head_epochs = unfreeze_at_epoch or 0
         self.pretrained = False
+        self._frozen: list[torch.nn.Parameter] = []  # the body's parameters while the head trains alone
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -78,11 +80,22 @@ class FreezeBackbone(L.Callback):
         backbone = pl_module.backbone
         head = {id(parameter) for parameter in head_of(backbone).parameters()}
         trains = trainer.current_epoch >= self.head_epochs
-        frozen = 0
-        for parameter in backbone.parameters():
-            if id(parameter) not in head:
-                parameter.requires_grad_(trains)
-                frozen += 0 if trains else parameter.numel()
-        if trainer.current_epoch == self.head_epochs or (frozen and trainer.current_epoch == 0):
+        body = [parameter for parameter in backbone.parameters() if id(parameter) not in head]
+        # Under DDP every parameter keeps its gradient (the reducer expects one from each, and a parameter it
+        # was built without would never be synchronized later); the frozen ones' are dropped before the step.
+        distributed = trainer.world_size > 1
+        for parameter in body:
+            parameter.requires_grad_(trains or distributed)
+        self._frozen = [] if trains else body
+        if self.head_epochs and trainer.current_epoch in (0, self.head_epochs):
+            frozen = sum(parameter.numel() for parameter in self._frozen)
             state = "all layers train" if trains else f"{frozen / 1e6:.2f} M parameters frozen, the head trains"
             rank_zero_info(f"FreezeBackbone: epoch {trainer.current_epoch}: {state}")
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        # A parameter without a gradient is skipped by the optimizer: no update, no weight decay, no momentum.
+        for parameter in self._frozen:
+            parameter.grad = None

@@ -154,7 +154,7 @@ class ImageDataModule(L.LightningDataModule):
         Args:
             batch_size: Training images per batch and per device (an optimizer step takes this x devices x
                 trainer.accumulate_grad_batches); ignored when global_batch_size is set; null: from the number of
-                training images (16 below 1,000, 32 below 10,000, else 64: data/folder_size.py).
+                training images, per optimizer step (16 below 1,000, 32 below 10,000, else 64: data/folder_size.py).
             global_batch_size: Training images per optimizer step over all devices and accumulated batches;
                 replaces batch_size (per device: this / devices / accumulate_grad_batches, which must divide).
             eval_batch_size: Images per validation/test/predict batch and device; defaults to the training
@@ -330,8 +330,13 @@ class ImageDataModule(L.LightningDataModule):
         if self.train_set is None or self.batches is None:
             return []
         steps = len(self.train_set) // self.batches.per_step
-        given = "" if "batch_size" in self.chosen else "as set; "
-        words = [f"batch {self.batches.per_device} ({given}{counted(steps, 'step')} an epoch)"]
+        batches, detail = self.batches, []
+        if batches.devices > 1 or batches.accumulated > 1:
+            detail.append(batches.describe().split(" = ")[0])  # "4 per device x 2 devices"
+        if "batch_size" not in self.chosen:
+            detail.append("as set")
+        detail.append(f"{counted(steps, 'step')} an epoch")
+        words = [f"batch {batches.per_step} ({'; '.join(detail)})"]
         mixup, cutmix = self.augment.mixup_alpha, self.augment.cutmix_alpha
         automatic = {"mixup_alpha", "cutmix_alpha"} & set(self.chosen)
         if mixup or cutmix:
@@ -349,12 +354,13 @@ class ImageDataModule(L.LightningDataModule):
     def _derive_batch_sizes(self) -> BatchSizes:
         """The batch sizes for this trainer's devices and gradient accumulation (``data/batches.py``)."""
         trainer = self.trainer
+        devices = trainer.world_size if trainer is not None else 1
+        accumulated = trainer.accumulate_grad_batches if trainer is not None else 1
+        batch = self.batch_size
+        if batch is None:  # the rule's batch is per optimizer step, so the steps an epoch do not depend on the devices
+            batch = max(1, self.chosen.get("batch_size", batch_for(0)) // (devices * accumulated))
         self.batches = BatchSizes.derive(
-            self.batch_size or self.chosen.get("batch_size") or batch_for(0),
-            self.global_batch_size,
-            self.eval_batch_size,
-            devices=trainer.world_size if trainer is not None else 1,
-            accumulated=trainer.accumulate_grad_batches if trainer is not None else 1,
+            batch, self.global_batch_size, self.eval_batch_size, devices=devices, accumulated=accumulated
         )
         return self.batches
 

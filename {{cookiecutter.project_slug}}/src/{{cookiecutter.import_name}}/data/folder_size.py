@@ -19,7 +19,7 @@ HEAD_FIRST_BELOW_IMAGES = 100_000
 
 
 def batch_for(images: int) -> int:
-    """The training batch per device for ``images`` training images."""
+    """The training images per optimizer step for ``images`` training images (shared by the devices)."""
     return next((batch for below, batch in BATCH_BY_IMAGES if images < below), LARGE_BATCH)
 
 

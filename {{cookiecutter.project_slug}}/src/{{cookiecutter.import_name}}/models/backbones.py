@@ -427,11 +427,13 @@ def _check_hub_reachable(name: str) -> None:
     files = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
     if any(isinstance(huggingface_hub.try_to_load_from_cache(repo, file), str) for file in files):
         return
-    host = urlparse(huggingface_hub.constants.ENDPOINT).hostname or "huggingface.co"
+    endpoint = urlparse(huggingface_hub.constants.ENDPOINT)  # HF_ENDPOINT: the hub or a mirror of it
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
     try:
-        socket.create_connection((host, 443), timeout=HUB_CONNECT_SECONDS).close()
+        socket.create_connection((host, port), timeout=HUB_CONNECT_SECONDS).close()
     except OSError as error:
-        raise ConnectionError(f"{host} cannot be reached ({error})") from error
+        raise ConnectionError(f"{host}:{port} cannot be reached ({error})") from error
 
 
 def _check_weights_file(name: str, path: Path) -> None:
