@@ -152,12 +152,14 @@ def test_the_dockerfile_commands_install_the_project_and_train(tmp_path):
     )  # fmt: skip
     assert installed.stdout.startswith(str(build.root / "opt" / "venv" / "lib")), installed.stderr  # not editable
 
-    # docker run -v photos:/app/data/photos IMAGE fit --config configs/images.yaml ...: the image's ENTRYPOINT
+    # docker run -v photos:/app/data/photos IMAGE fit --config configs/images.yaml ...: the image's ENTRYPOINT (from
+    # scratch: no pretrained weights can be downloaded here)
     write_image_folder(build.workdir / "data" / "photos")
     (entrypoint,) = [json.loads(arguments) for instruction, arguments in stages()[-1] if instruction == "ENTRYPOINT"]
     command = [shutil.which(entrypoint[0], path=build.env["PATH"]), *entrypoint[1:]]
     trained = subprocess.run(
-        [*command, "fit", "--config", "configs/images.yaml", "--data.image_dir", "data/photos",
+        [*command, "fit", "--config", "configs/images.yaml", "--config", "configs/presets/from_scratch.yaml",
+         "--data.image_dir", "data/photos",
          "--data.batch_size", "8", "--trainer.accelerator", "cpu", "--trainer.fast_dev_run", "true"],
         cwd=build.workdir, capture_output=True, text=True, timeout=600, env=build.env,
     )  # fmt: skip
