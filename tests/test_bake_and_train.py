@@ -99,8 +99,8 @@ def train_and_export_a_folder_of_photos(project: Path, package: str, tmp_path: P
     config = yaml.safe_load((project / "configs" / "images.yaml").read_text())
     network = config["model"]["backbone"]["init_args"]["name"]
     weights = tmp_path / "weights.pth"
-    save = f"import timm, torch; torch.save(timm.create_model({network.split('.')[0]!r}).state_dict(), {str(weights)!r})"
-    run(sys.executable, "-c", save, cwd=tmp_path)
+    save = "import sys, timm, torch; torch.save(timm.create_model(sys.argv[1]).state_dict(), sys.argv[2])"
+    run(sys.executable, "-c", save, network.split(".")[0], str(weights), cwd=tmp_path)
     fit = run(
         sys.executable, str(project / "main.py"), "fit", "--config", str(project / "configs" / "images.yaml"),
         f"--data.image_dir={photos}", f"--model.backbone.weights_path={weights}", "--data.image_size=64",

@@ -274,6 +274,7 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
     assert cifar["data"]["init_args"]["dataset"] == cifar_of(dataset)
     assert cifar["trainer"]["logger"]["init_args"]["name"] == cifar_of(dataset)
     default = yaml.safe_load((project / "configs" / f"{dataset}.yaml").read_text())
+    assert default["trainer"]["logger"]["init_args"]["name"] == dataset
     assert f'/ "configs" / "{dataset}.yaml"' in (project / "main.py").read_text()  # what every command starts from
     networks = {
         ("cifar", "fastcnn"): ("FastCNN", {"width": 64}),
@@ -281,10 +282,17 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
         ("images", "fastcnn"): ("FastCNN", {"width": 64}),
         ("images", "resnet18"): ("TorchvisionNet", {"name": "resnet18"}),
     }
-    kind = "images" if dataset == "images" else "cifar"
-    network, settings = networks[kind, answers.get("backbone", "fastcnn")]
-    expected = {"class_path": f"{project.name.replace('-', '_')}.models.backbones.{network}", "init_args": settings}
-    assert default["model"]["backbone"] == expected
+    # The backbone answer is the network trained from scratch: the CIFAR configs' and the photos' from-scratch preset's.
+    # The photo config itself fine-tunes the same pretrained timm network in every render.
+    network, settings = networks["cifar", answers.get("backbone", "fastcnn")]
+    package = project.name.replace("-", "_")
+    assert cifar["model"]["backbone"] == {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
+    network, settings = networks["images", answers.get("backbone", "fastcnn")]
+    scratch = yaml.safe_load((project / "configs" / "presets" / "from_scratch.yaml").read_text())
+    assert scratch["model"]["backbone"] == {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
+    photos = yaml.safe_load((project / "configs" / "images.yaml").read_text())["model"]["backbone"]
+    assert photos["class_path"] == f"{package}.models.backbones.TimmNet"
+    assert photos["init_args"]["name"] == "tf_efficientnet_lite1.in1k"
 
 
 def test_names_are_derived_and_overridable(bake):
