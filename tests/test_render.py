@@ -284,12 +284,12 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
     }
     # The backbone answer is the network trained from scratch: the CIFAR configs' and the photos' from-scratch preset's.
     # The photo config itself fine-tunes the same pretrained timm network in every render.
-    network, settings = networks["cifar", answers.get("backbone", "fastcnn")]
     package = project.name.replace("-", "_")
-    assert cifar["model"]["backbone"] == {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
-    network, settings = networks["images", answers.get("backbone", "fastcnn")]
     scratch = yaml.safe_load((project / "configs" / "presets" / "from_scratch.yaml").read_text())
-    assert scratch["model"]["backbone"] == {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
+    for kind, config in (("cifar", cifar), ("images", scratch)):
+        network, settings = networks[kind, answers.get("backbone", "fastcnn")]
+        backbone = {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
+        assert config["model"]["backbone"] == backbone
     photos = yaml.safe_load((project / "configs" / "images.yaml").read_text())["model"]["backbone"]
     assert photos["class_path"] == f"{package}.models.backbones.TimmNet"
     assert photos["init_args"]["name"] == "tf_efficientnet_lite1.in1k"
