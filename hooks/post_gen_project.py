@@ -1,14 +1,68 @@
-"""Tell the user what to type next; the rendered tree needs no pruning (every option is data).
+"""Keep only what the answers need, point the locks at the library this template was rendered with, say what next.
 
-The message goes to stderr, so that tools which render the template to compare trees and print
-the difference on stdout (``cruft diff``) show only the difference.
+A photo render keeps no CIFAR file and a CIFAR render no photo-folder file. The project pins
+``classifier-engine`` at this checkout's version; the two lock files also say where it comes from: this
+same checkout (offline) when the template was a local folder, else the same git commit of its repository.
+Messages go to stderr, so that tools which render the template to compare trees (``cruft diff``) print
+only the difference on stdout.
 """
 
 import json
+import re
+import subprocess
 import sys
+from pathlib import Path
 
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
+LIBRARY = "classifier-engine"
+ABBREVIATIONS = {"gh": "https://github.com/{}.git", "gl": "https://gitlab.com/{}.git", "bb": "https://bitbucket.org/{}"}
+ONLY_FOR = {  # files of one kind of render: removed from the other
+    "images": ["src/{import_name}/data/photos.py", "configs/images.yaml", "configs/presets/from_scratch.yaml",
+               "configs/presets/streaming.yaml", "pack.py"],
+    "cifar": ["src/{import_name}/data/cifar.py", "configs/cifar10.yaml", "configs/cifar10_fast.yaml",
+              "tests/test_cifar.py"],
+}  # fmt: skip
 
+
+def prune(project: Path) -> None:
+    kept = "images" if ANSWERS["dataset"] == "images" else "cifar"
+    for kind, paths in ONLY_FOR.items():
+        if kind != kept:
+            for path in paths:
+                (project / path.format(import_name=ANSWERS["import_name"])).unlink(missing_ok=True)
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def library_source() -> str:
+    """Where pip finds the library: this checkout's folder (a local template), else its repository at this commit."""
+    template, repo_dir = ANSWERS.get("_template", ""), Path(ANSWERS.get("_repo_dir", "."))
+    if Path(template).expanduser().is_dir():
+        return (Path(template).expanduser().resolve() / LIBRARY).as_uri()
+    prefix, _, rest = template.partition(":")
+    url = ABBREVIATIONS[prefix].format(rest) if prefix in ABBREVIATIONS and "//" not in rest else template
+    commit = ANSWERS.get("_checkout") or ""
+    try:
+        commit = git("rev-parse", "HEAD", cwd=repo_dir)
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    url = url if url.startswith("git+") else f"git+{url}"
+    return f"{url}@{commit}#subdirectory={LIBRARY}" if commit else f"{url}#subdirectory={LIBRARY}"
+
+
+def point_locks_at(source: str, project: Path) -> None:
+    for lock in ("constraints.txt", "constraints-cpu.txt"):
+        path = project / lock
+        text = path.read_text()
+        text = re.sub(rf"^({LIBRARY}==\S+)$", rf"\1\n{LIBRARY} @ {source}", text, count=1, flags=re.M)
+        path.write_text(text)
+
+
+project = Path.cwd()
+prune(project)
+point_locks_at(library_source(), project)
 print(
     f"""
 Rendered {ANSWERS["project_slug"]}/. Next:

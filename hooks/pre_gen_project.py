@@ -14,6 +14,7 @@ ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 
 # Packages the rendered project imports: a package named like one of them would shadow it.
 SHADOWED_PACKAGES = {
+    "classifier_engine",
     "torch",
     "torchvision",
     "torchmetrics",

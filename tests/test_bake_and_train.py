@@ -162,7 +162,7 @@ def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
         "import sys, numpy as np\n"
         f"sys.path.insert(0, {str(project)!r})\n"
         f"from {package}.data.cifar_format import FORMATS\n"
-        "from tests.cifar_archives import write_archive\n"
+        "from classifier_engine.testing.cifar_archives import write_archive\n"
         f"fmt = FORMATS['{dataset}']\n"
         "rng = np.random.default_rng(0)\n"
         "x = rng.integers(0, 256, (160, 3, 32, 32), dtype=np.uint8)\n"

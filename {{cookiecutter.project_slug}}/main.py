@@ -1,11 +1,16 @@
 """Train, validate, test or predict: ``python main.py fit --config configs/{{ cookiecutter.dataset }}.yaml``.
 
 Every subcommand starts from ``configs/{{ cookiecutter.dataset }}.yaml``; ``--config`` files and options go on top.
+The model is this project's ``ImageClassifier``; the command line is classifier_engine's LightningCLI.
 """
 
 from pathlib import Path
 
-from {{ cookiecutter.import_name }}.machinery.cli import main
+from classifier_engine.machinery.cli import main
+
+from {{ cookiecutter.import_name }}.models import ImageClassifier
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "{{ cookiecutter.dataset }}.yaml"
 
 if __name__ == "__main__":  # guarded so that spawned DDP workers can import this file
-    main(default_config=Path(__file__).resolve().parent / "configs" / "{{ cookiecutter.dataset }}.yaml")
+    main(ImageClassifier, DEFAULT_CONFIG)

@@ -7,7 +7,7 @@ Takes the ``--data.*`` options of ``fit`` on your own images (image_size, resize
 Run it on one machine, or as every rank of a torchrun, SLURM or Kubeflow job: each packs a share.
 """
 
-from {{ cookiecutter.import_name }}.machinery.pack_command import main
+from classifier_engine.machinery.pack_command import main
 
 if __name__ == "__main__":
     main()

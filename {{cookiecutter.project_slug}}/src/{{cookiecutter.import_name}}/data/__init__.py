@@ -1,20 +1,13 @@
-"""The data path: images → packed memory-mapped arrays → uint8 batches → augmentation on the device."""
+{%- if cookiecutter.dataset == 'images' -%}
+"""The project's data: your photos' DataModule (the engine's parts are in ``classifier_engine.data``)."""
+
+from .photos import PhotoDataModule
+
+__all__ = ["PhotoDataModule"]
+{%- else -%}
+"""The project's data: CIFAR's memory-mapped DataModule (the engine's parts are in ``classifier_engine.data``)."""
 
 from .cifar import CifarDataModule
-from .datamodule import ImageDataModule
-from .folder import ImageFolderDataModule
-from .interfaces import BatchPlan, DataSummary, Fingerprinted, PredictionNames, TrainingImages, ValidationSplit
-from .streamed import StreamedImageDataModule
 
-__all__ = [
-    "BatchPlan",
-    "CifarDataModule",
-    "DataSummary",
-    "Fingerprinted",
-    "ImageDataModule",
-    "ImageFolderDataModule",
-    "PredictionNames",
-    "StreamedImageDataModule",
-    "TrainingImages",
-    "ValidationSplit",
-]
+__all__ = ["CifarDataModule"]
+{%- endif %}

@@ -9,11 +9,11 @@ from typing import Any, Literal
 import numpy as np
 from typing_extensions import override
 
-from .archive import Cache, fingerprint, load_cache, prepare
-from .cifar_format import FORMATS
-from .datamodule import ImageDataModule
-from .dataset import MemmapBatches
-from .errors import DataError, DataSettingError
+from classifier_engine.data.archive import Cache, fingerprint, load_cache, prepare
+from classifier_engine.data.cifar_format import FORMATS
+from classifier_engine.data.datamodule import ImageDataModule
+from classifier_engine.data.dataset import MemmapBatches
+from classifier_engine.data.errors import DataError, DataSettingError
 
 
 class CifarDataModule(ImageDataModule):

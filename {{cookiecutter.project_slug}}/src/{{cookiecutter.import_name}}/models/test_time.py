@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..foundation.errors import check_choice
+from classifier_engine.foundation.errors import check_choice
 
 Network = Callable[[Tensor], Tensor]
 DuringFit = Literal["final", "every"]

@@ -1,0 +1,58 @@
+"""The private Lightning, torch and argparse names the project relies on, where no public route exists.
+
+Each is used in one place, with a comment saying why; if an upgrade moves one, this test names it
+(the behaviour it serves is tested elsewhere, where a failure would be harder to read).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import lightning as L
+import pytest
+import torch
+from cifar_classifier.models import ImageClassifier
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.tensorboard import SummaryWriter
+
+from classifier_engine.machinery.cli import TrainerCLI
+
+from .conftest import default_config
+
+
+def test_the_trainer_has_the_sigterm_flag_and_the_logged_step_counter():
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert trainer._signal_connector.received_sigterm is False  # StopOnSignal sets it
+    assert trainer.received_sigterm is False  # ... and Lightning's loops read it here
+    assert trainer.fit_loop.epoch_loop._batches_that_stepped == 0  # foundation/logging_steps.metrics_step
+
+
+def test_lightning_cli_still_parses_the_checkpoint_between_parsing_and_building():
+    steps = inspect.getsource(LightningCLI.__init__)
+    order = [
+        steps.index(name) for name in ("self.parse_arguments", "self._parse_ckpt_path", "self.instantiate_classes")
+    ]
+    assert order == sorted(order)
+    for name in ("_parse_ckpt_path", "_run_subcommand"):
+        assert callable(getattr(LightningCLI, name)) and name in TrainerCLI.__dict__
+
+
+def test_argparse_actions_and_the_file_writer_and_foreach_kernels_exist(tmp_path):
+    parser = TrainerCLI(
+        ImageClassifier, default_config=default_config(), run=False, args=["--trainer.accelerator=cpu"]
+    ).parser
+    assert any(action.dest == "model.backbone" for action in parser._actions)
+    writer = SummaryWriter(tmp_path)
+    assert callable(writer._get_file_writer().add_summary)  # callbacks/model_report.py
+    writer.close()
+    slow, weights = [torch.zeros(2)], [torch.ones(2)]
+    torch._foreach_lerp_(slow, weights, 0.5)  # callbacks/lookahead.py
+    torch._foreach_copy_(weights, slow)
+    assert weights[0].tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_a_fork_server_hands_its_alive_pipe_to_its_workers_where_they_close_it():
+    from multiprocessing import forkserver
+
+    assert hasattr(forkserver._forkserver, "_forkserver_alive_fd")  # data/datamodule.end_with_the_rank closes it
+    assert "_forkserver._forkserver_alive_fd" in inspect.getsource(forkserver._serve_one)  # ... set in each worker
