@@ -47,15 +47,12 @@ COMMON_FILES = {
     "docs/sweeps.md",
     "docs/tests.md",
     "docs/tracking.md",
+    "docs/upgrading.md",
     "pyproject.toml",
     "main.py",
     "export.py",
     "sweep.py",
     "check_labels.py",
-    "pack.py",
-    "configs/cifar10_fast.yaml",
-    "configs/images.yaml",
-    "configs/presets/from_scratch.yaml",
     "configs/presets/early_stopping.yaml",
     "configs/presets/ddp.yaml",
     "configs/presets/debug.yaml",
@@ -63,7 +60,6 @@ COMMON_FILES = {
     "configs/presets/step_checkpoints.yaml",
     "configs/presets/mlflow.yaml",
     "configs/presets/wandb.yaml",
-    "configs/presets/streaming.yaml",
     "scripts/lock.sh",
     "scripts/kubeflow_trainjob.yaml",
     "Dockerfile",
@@ -73,154 +69,40 @@ COMMON_FILES = {
     "scripts/tensorboard_screenshots.py",
     "scripts/tensorrt_engine.sh",
     "scripts/torchrun.sh",
-    "benchmarks/bench_data.py",
-    "benchmarks/bench_folder.py",
-    "benchmarks/bench_infer.py",
-    "benchmarks/bench_step.py",
-    "benchmarks/bench_stream.py",
-    "benchmarks/bench_recipe.py",
-    "benchmarks/bench_finetune.py",
-    "benchmarks/plain_finetune.py",
-    "benchmarks/gpu_figures.sh",
-    "tests/test_benchmarks.py",
-    "tests/probes.py",
-    "tests/test_ddp.py",
     "tests/__init__.py",
     "tests/conftest.py",
-    "tests/cifar_archives.py",
-    "tests/test_archive.py",
-    "tests/test_augment.py",
     "tests/test_callbacks.py",
-    "tests/test_cifar_format.py",
-    "tests/test_cli.py",
-    "tests/test_container.py",
-    "tests/test_kubeflow.py",
-    "tests/test_label_check.py",
-    "tests/test_streaming.py",
-    "tests/test_stream_position.py",
-    "tests/test_report.py",
-    "tests/test_registry.py",
-    "tests/test_datamodule.py",
-    "tests/test_exact_resume.py",
-    "tests/test_faults.py",
-    "tests/test_export.py",
-    "tests/test_fast_recipe.py",
-    "tests/test_finetune.py",
-    "tests/test_gpu.py",
-    "tests/test_guarantees.py",
-    "tests/test_host_sync.py",
     "tests/test_model.py",
-    "tests/test_own_datamodule.py",
-    "tests/test_own_images.py",
-    "tests/test_predict.py",
-    "tests/test_private_routes.py",
-    "tests/test_rank_faults.py",
-    "tests/test_reproducibility.py",
-    "tests/test_runs.py",
-    "tests/test_sweep.py",
-    "tests/test_tensorboard_pages.py",
-    "tests/test_tensorrt.py",
-    "tests/test_tracking.py",
+    "tests/test_walk.py",
 }
 PACKAGE_FILES = {
     "__init__.py",
     "callbacks/__init__.py",
-    "callbacks/confusion_matrix.py",
-    "callbacks/evaluation_report.py",
     "callbacks/freeze_backbone.py",
     "callbacks/grad_scale_watchdog.py",
     "callbacks/gradient_histograms.py",
     "callbacks/lookahead.py",
-    "callbacks/model_report.py",
-    "callbacks/prediction_writer.py",
-    "callbacks/report_tables.py",
-    "callbacks/sample_grid.py",
-    "callbacks/tensorboard.py",
     "callbacks/weight_averaging.py",
-    "callbacks/throughput.py",
     "callbacks/whitening.py",
     "data/__init__.py",
-    "data/archive.py",
-    "data/augment.py",
-    "data/batches.py",
-    "data/cifar.py",
-    "data/cifar_format.py",
-    "data/datamodule.py",
-    "data/dataset.py",
-    "data/errors.py",
-    "data/folder.py",
-    "data/folder_size.py",
-    "data/image_files.py",
-    "data/image_sources.py",
-    "data/interfaces.py",
-    "data/loader.py",
-    "data/object_store.py",
-    "data/packing.py",
-    "data/stream_packing.py",
-    "data/stream_position.py",
-    "data/stream_loader.py",
-    "data/streamed.py",
-    "foundation/__init__.py",
-    "foundation/converted_copy.py",
-    "foundation/errors.py",
-    "foundation/files.py",
-    "foundation/html_page.py",
-    "foundation/logging_steps.py",
-    "machinery/README.md",
-    "machinery/__init__.py",
-    "machinery/checkpoint_io.py",
-    "machinery/cli.py",
-    "machinery/config_hash.py",
-    "machinery/console_log.py",
-    "machinery/divergence.py",
-    "machinery/ending.py",
-    "machinery/label_check.py",
-    "machinery/pack_command.py",
-    "machinery/error_report.py",
-    "machinery/export/__init__.py",
-    "machinery/export/artifacts.py",
-    "machinery/export/contract.py",
-    "machinery/export/errors.py",
-    "machinery/export/evaluation.py",
-    "machinery/export/model_loading.py",
-    "machinery/export/model_card.py",
-    "machinery/export/onnx_export.py",
-    "machinery/export/program.py",
-    "machinery/export/quantize.py",
-    "machinery/export/registry.py",
-    "machinery/export/run_data.py",
-    "machinery/export/staging.py",
-    "machinery/faults.py",
-    "machinery/guarantees.py",
-    "machinery/identity.py",
-    "machinery/launch.py",
-    "machinery/loggers.py",
-    "machinery/noise.py",
-    "machinery/random_state.py",
-    "machinery/rank_failure.py",
-    "machinery/resolution.py",
-    "machinery/run.py",
-    "machinery/run_lock.py",
-    "machinery/run_record.py",
-    "machinery/session.py",
-    "machinery/stop_on_signal.py",
-    "machinery/summary.py",
-    "machinery/sweeps/__init__.py",
-    "machinery/sweeps/report.py",
-    "machinery/sweeps/space.py",
-    "machinery/sweeps/study.py",
-    "machinery/sweeps/trial.py",
-    "machinery/sweeps/validate.py",
-    "machinery/torchrun.py",
     "models/__init__.py",
     "models/backbones.py",
-    "models/class_activation.py",
     "models/classifier.py",
-    "models/cost.py",
     "models/schedules.py",
     "models/test_time.py",
-    "models/training_totals.py",
 }
+# What only one kind of render holds: a photo render has no CIFAR file, a CIFAR render no photo-folder file.
+ONLY_FOR = {
+    "images": {
+        "pack.py",
+        "configs/images.yaml",
+        "configs/presets/from_scratch.yaml",
+        "configs/presets/streaming.yaml",
+        "src/{package}/data/photos.py",
+    },
+    "cifar": {"configs/cifar10_fast.yaml", "src/{package}/data/cifar.py"},
+}
+
 
 # Every non-default value of every choice, alone and together (all combinations are valid).
 COMBINATIONS = [
@@ -233,15 +115,11 @@ COMBINATIONS = [
 ]
 
 
-def cifar_of(dataset: str) -> str:
-    """The CIFAR dataset of the render's CIFAR config: the answer, or CIFAR-10 beside your own images."""
-    return "cifar10" if dataset == "images" else dataset
-
-
 def expected_files(import_name: str, dataset: str) -> set[str]:
     package = {f"src/{import_name}/{name}" for name in PACKAGE_FILES}
-    configs = {f"configs/{cifar_of(dataset)}.yaml", f"configs/sweeps/{dataset}.yaml"}
-    return COMMON_FILES | package | configs
+    own = {name.format(package=import_name) for name in ONLY_FOR["images" if dataset == "images" else "cifar"]}
+    configs = {f"configs/{dataset}.yaml", f"configs/sweeps/{dataset}.yaml"}
+    return COMMON_FILES | package | own | configs
 
 
 def rendered_files(project: Path) -> set[str]:
@@ -270,9 +148,6 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
         if name.endswith(".yaml"):
             list(yaml.safe_load_all(text))  # a manifest may hold several documents
 
-    cifar = yaml.safe_load((project / "configs" / f"{cifar_of(dataset)}.yaml").read_text())
-    assert cifar["data"]["init_args"]["dataset"] == cifar_of(dataset)
-    assert cifar["trainer"]["logger"]["init_args"]["name"] == cifar_of(dataset)
     default = yaml.safe_load((project / "configs" / f"{dataset}.yaml").read_text())
     assert default["trainer"]["logger"]["init_args"]["name"] == dataset
     assert f'/ "configs" / "{dataset}.yaml"' in (project / "main.py").read_text()  # what every command starts from
@@ -285,19 +160,23 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
     # The backbone answer is the network trained from scratch: the CIFAR configs' and the photos' from-scratch preset's.
     # The photo config itself fine-tunes the same pretrained timm network in every render.
     package = project.name.replace("-", "_")
-    scratch = yaml.safe_load((project / "configs" / "presets" / "from_scratch.yaml").read_text())
-    for kind, config in (("cifar", cifar), ("images", scratch)):
-        network, settings = networks[kind, answers.get("backbone", "fastcnn")]
-        backbone = {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
-        assert config["model"]["backbone"] == backbone
-    photos = yaml.safe_load((project / "configs" / "images.yaml").read_text())["model"]["backbone"]
-    assert photos["class_path"] == f"{package}.models.backbones.TimmNet"
-    assert photos["init_args"]["name"] == "tf_efficientnet_lite1.in1k"
+    if dataset == "images":
+        assert default["data"]["class_path"] == f"{package}.data.PhotoDataModule"
+        scratch = yaml.safe_load((project / "configs" / "presets" / "from_scratch.yaml").read_text())
+        network, settings = networks["images", answers.get("backbone", "fastcnn")]
+        assert scratch["model"]["backbone"] == {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
+        assert default["model"]["backbone"]["class_path"] == f"{package}.models.backbones.TimmNet"
+        assert default["model"]["backbone"]["init_args"]["name"] == "tf_efficientnet_lite1.in1k"
+    else:
+        assert default["data"]["class_path"] == f"{package}.data.CifarDataModule"
+        assert default["data"]["init_args"]["dataset"] == dataset
+        network, settings = networks["cifar", answers.get("backbone", "fastcnn")]
+        assert default["model"]["backbone"] == {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
 
 
 def test_names_are_derived_and_overridable(bake):
     derived = bake(project_name="Deep Birds 2")
-    assert derived.name == "deep-birds-2" and (derived / "src" / "deep_birds_2" / "machinery" / "cli.py").is_file()
+    assert derived.name == "deep-birds-2" and (derived / "src" / "deep_birds_2" / "models" / "classifier.py").is_file()
     chosen = bake(output="other", project_name="Deep Birds 2", project_slug="birds", import_name="aves")
     assert chosen.name == "birds" and (chosen / "src" / "aves" / "machinery" / "cli.py").is_file()
     assert "from aves.machinery.cli import main" in (chosen / "main.py").read_text()

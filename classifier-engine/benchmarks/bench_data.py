@@ -30,15 +30,14 @@ import numpy as np
 import torch
 import torchvision
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from project import project_class
 from torch.utils.data import DataLoader
 from torchvision import transforms
 
-from {{ cookiecutter.import_name }}.data import CifarDataModule
-from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
+CifarDataModule = project_class("data.CifarDataModule")
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(PROJECT_ROOT))  # the tests' writer of official-format archives, for a synthetic one
-from classifier_engine.testing.cifar_archives import write_archive  # noqa: E402
+from classifier_engine.data.cifar_format import CIFAR10
+from classifier_engine.testing.cifar_archives import write_archive
 
 
 class ArchiveCIFAR10(torchvision.datasets.CIFAR10):

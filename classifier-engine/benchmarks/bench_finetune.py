@@ -39,9 +39,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from project import PROJECT_ROOT as PROJECT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-PROJECT = Path(__file__).resolve().parents[1]
 IMAGES_CONFIG = PROJECT / "configs" / "images.yaml"
 SCRIPT = PROJECT / "benchmarks" / "plain_finetune.py"
 ARMS = ("default", "plain", "script")
@@ -52,7 +52,7 @@ PLAIN = [
     "--model.optimizer.nesterov=false",
     "--model.optimizer.weight_decay=0",
     "--model.optimizer.fused=false",
-    "--model.lr_schedule={{ cookiecutter.import_name }}.models.schedules.Constant",
+    f"--model.lr_schedule={PACKAGE}.models.schedules.Constant",
     "--model.label_smoothing=0.0",
     "--model.backbone_lr_scale=1.0",
     "--model.backbone.head_init=timm",

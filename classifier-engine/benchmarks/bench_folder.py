@@ -34,7 +34,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from {{ cookiecutter.import_name }}.data import ImageFolderDataModule
+from classifier_engine.data import ImageFolderDataModule
 
 
 def write_photos(folder: Path, count: int, classes: int = 10) -> None:

@@ -26,16 +26,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from project import project_class
 
-from {{ cookiecutter.import_name }}.data import CifarDataModule
-from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
-from {{ cookiecutter.import_name }}.machinery.export.evaluation import onnx_predictor
-from {{ cookiecutter.import_name }}.machinery.export.model_loading import load_model
-from {{ cookiecutter.import_name }}.machinery.export.onnx_export import export_onnx
-from {{ cookiecutter.import_name }}.machinery.export.quantize import Calibration, quantize_int8
-from {{ cookiecutter.import_name }}.models import ImageClassifier
+CifarDataModule = project_class("data.CifarDataModule")
+from project import (
+    DEFAULT_CONFIG,
+    ImageClassifier,
+)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"
+from classifier_engine.machinery.cli import TrainerCLI
+from classifier_engine.machinery.export.evaluation import onnx_predictor
+from classifier_engine.machinery.export.model_loading import load_model
+from classifier_engine.machinery.export.onnx_export import export_onnx
+from classifier_engine.machinery.export.quantize import Calibration, quantize_int8
+
 Runner = Callable[[np.ndarray], object]
 
 

@@ -52,14 +52,16 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from project import (
+    DEFAULT_CONFIG,
+    PROJECT_ROOT,
+)
 
-from {{ cookiecutter.import_name }}.data.archive import prepare
-from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
-from {{ cookiecutter.import_name }}.foundation.errors import OneLineArgumentParser, exit_with
-from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
+from classifier_engine.data.archive import prepare
+from classifier_engine.data.cifar_format import CIFAR10
+from classifier_engine.foundation.errors import OneLineArgumentParser, exit_with
+from classifier_engine.machinery.cli import TrainerCLI
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"
 FAST_RECIPE = PROJECT_ROOT / "configs" / "cifar10_fast.yaml"
 # Two epochs of 4 batches whatever the data's size (the tests' tiny archive or the full CIFAR-10), a few evaluation
 # batches: the final weights are validated at the end of the last epoch, as in a full run.

@@ -35,16 +35,22 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from project import (
+    PACKAGE,
+    ImageClassifier,
+    project_class,
+)
 from torch.utils.data import DataLoader, TensorDataset
 
-from {{ cookiecutter.import_name }}.data.augment import BatchAugment
-from {{ cookiecutter.import_name }}.data.cifar_format import CIFAR10
-from {{ cookiecutter.import_name }}.machinery.cli import TrainerCLI
-from {{ cookiecutter.import_name }}.models import ImageClassifier
-from {{ cookiecutter.import_name }}.models.backbones import PatchWhitening
+from classifier_engine.data.augment import BatchAugment
+from classifier_engine.data.cifar_format import CIFAR10
+from classifier_engine.machinery.cli import TrainerCLI
+
+PatchWhitening = project_class("models.backbones.PatchWhitening")
 
 WHITENING_IMAGES = 500
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "{{ 'cifar10' if cookiecutter.dataset == 'images' else cookiecutter.dataset }}.yaml"
+from project import DEFAULT_CONFIG
+
 FAST_RECIPE = DEFAULT_CONFIG.parent / "cifar10_fast.yaml"
 PLAIN_SGD = {
     "class_path": "torch.optim.SGD",
@@ -79,7 +85,7 @@ class Recipe:
     def __init__(self, args: argparse.Namespace) -> None:
         overrides = [
             f"--model.optimizer={json.dumps(PLAIN_SGD)}",
-            "--model.lr_schedule={{ cookiecutter.import_name }}.models.schedules.Constant",
+            f"--model.lr_schedule={PACKAGE}.models.schedules.Constant",
             *([f"--model.backbone.width={args.width}"] if args.width else []),
         ]
         torch.manual_seed(0)

@@ -34,13 +34,12 @@ from pathlib import Path
 
 import torch
 from bench_folder import rate, write_photos
+from project import PROJECT_ROOT
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from {{ cookiecutter.import_name }}.data import ImageFolderDataModule, StreamedImageDataModule
-from {{ cookiecutter.import_name }}.machinery.noise import silence_known_noise
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from classifier_engine.data import ImageFolderDataModule, StreamedImageDataModule
+from classifier_engine.machinery.noise import silence_known_noise
 
 
 def start_store() -> tuple[object, dict[str, str]]:

@@ -147,7 +147,7 @@ def main_output(tmp_path, monkeypatch, capsys, *args: str) -> str:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["main.py"])
     with pytest.raises(SystemExit) as exited:
-        main(default_config(), list(args))
+        main(ImageClassifier, default_config(), list(args))
     assert exited.value.code in (0, None)
     return capsys.readouterr().out
 
@@ -187,12 +187,12 @@ def test_bad_config_is_refused_in_one_line_with_the_key_named(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", ["main.py"])
     network = ["--model.backbone=CifarResNet"] if "depth" in arg else []
     with pytest.raises(SystemExit) as exit_info:
-        main(default_config(), ["fit", *network, arg])
+        main(ImageClassifier, default_config(), ["fit", *network, arg])
     errors = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(errors) == 1 and errors[0].startswith(complaint)
     monkeypatch.setenv("FULL_ERROR", "1")  # jsonargparse's own report, usage included
     with pytest.raises(SystemExit):
-        main(default_config(), ["fit", *network, arg])
+        main(ImageClassifier, default_config(), ["fit", *network, arg])
     assert "usage:" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 

@@ -19,6 +19,7 @@ from cifar_classifier.models.backbones import AirBench, CifarResNet, FastCNN
 from torchvision import datasets
 from torchvision.datasets import cifar
 
+from classifier_engine.commands import export as export_command
 from classifier_engine.machinery.export.contract import sample_images
 from classifier_engine.machinery.export.evaluation import (
     measure_parity,
@@ -33,12 +34,14 @@ from classifier_engine.testing.cifar_archives import write_archive
 
 from .conftest import DATASET, FAST_ARGS, PROJECT_ROOT, cli_env, default_config, run_cli
 
-sys.path.insert(0, str(PROJECT_ROOT))
-import export
-
 EPOCHS = 6 if len(DATASET.class_names) == 10 else 20
 ARTIFACTS = ["model.card.json", "model.card.md", "model.int8.onnx", "model.onnx", "model.pt2"]
 TORCHVISION_READERS = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}
+
+
+def export_main(args: list[str]) -> int:
+    """``python export.py ARGS`` of the CIFAR render, in this process."""
+    return export_command.main(ImageClassifier, "cifar-classifier", args)
 
 
 def learnable_images(count: int, num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,9 +60,9 @@ def run_export(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def refused(capsys, *args: str) -> tuple[int, str]:
-    """``export.main(args)`` in this process, for refusals (no subprocess start): its exit code and stderr line."""
+    """``export.py``'s main in this process, for refusals (no subprocess start): its exit code and stderr line."""
     with pytest.raises(SystemExit) as exited:
-        export.main(list(args))
+        export_main(list(args))
     (line,) = capsys.readouterr().err.strip().splitlines()
     return exited.value.code, line
 

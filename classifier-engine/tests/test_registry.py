@@ -15,14 +15,13 @@ import mlflow
 import numpy as np
 import onnxruntime
 import pytest
+from cifar_classifier.models import ImageClassifier
 
+from classifier_engine.commands import export as export_command
 from classifier_engine.data.archive import prepare
 
 from .conftest import DATASET, PROJECT_ROOT, cli_env, fit_args, free_port, run_cli, write_tiny_archive
 from .test_export import snapshot
-
-sys.path.insert(0, str(PROJECT_ROOT))
-import export
 
 pytestmark = [
     # mlflow 3.17's SQL store uses a SQLAlchemy 2.1 loader option that SQLAlchemy deprecates
@@ -32,6 +31,11 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 PRESET = PROJECT_ROOT / "configs" / "presets" / "mlflow.yaml"
+
+
+def export_main(args: list[str]) -> int:
+    """``python export.py ARGS`` of the CIFAR render, in this process."""
+    return export_command.main(ImageClassifier, "cifar-classifier", args)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +149,7 @@ def test_registered_versions_load_in_mlflow_and_are_served_over_http(tracked):
 def test_a_registration_that_cannot_happen_is_refused_before_any_export(tracked, capsys, options, message):
     before = snapshot(tracked.parents[4])
     with pytest.raises(SystemExit) as exited:
-        export.main(["--ckpt_path", str(tracked), *options])
+        export_main(["--ckpt_path", str(tracked), *options])
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code in (1, 2) and line.startswith("error: ") and message in line
     assert snapshot(tracked.parents[4]) == before
@@ -154,7 +158,7 @@ def test_a_registration_that_cannot_happen_is_refused_before_any_export(tracked,
 def test_without_mlflow_installed_register_is_one_line(tracked, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # what `import mlflow` meets where it is not installed
     with pytest.raises(SystemExit) as exited:
-        export.main(["--ckpt_path", str(tracked), "--register", "pets"])
+        export_main(["--ckpt_path", str(tracked), "--register", "pets"])
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 2 and line == (
         "error: --register needs mlflow, which is not installed; pip install -e '.[mlflow]'"
@@ -169,7 +173,7 @@ def test_a_registry_failing_after_the_export_keeps_the_files_and_says_so(tracked
     monkeypatch.setattr(importlib.import_module("mlflow.onnx"), "log_model", refuse)
     output = tmp_path / "shipped"
     with pytest.raises(SystemExit) as exited:
-        export.main(["--ckpt_path", str(tracked), "--output_dir", str(output), "--formats", "onnx", "--eval_limit",
+        export_main(["--ckpt_path", str(tracked), "--output_dir", str(output), "--formats", "onnx", "--eval_limit",
                      "16", "--register", "pets", "--tracking_uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])  # fmt: skip
     lines = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 1 and lines[-1].startswith("error: registering in sqlite:///")
@@ -180,7 +184,7 @@ def test_a_registry_failing_after_the_export_keeps_the_files_and_says_so(tracked
 def test_a_refused_export_registers_nothing(tracked, tmp_path, capsys):
     store = tmp_path / "mlflow.db"
     with pytest.raises(SystemExit) as exited:  # no float32 file reproduces PyTorch to 1e-12: the parity check refuses
-        export.main(["--ckpt_path", str(tracked), "--output_dir", str(tmp_path / "shipped"), "--formats", "onnx",
+        export_main(["--ckpt_path", str(tracked), "--output_dir", str(tmp_path / "shipped"), "--formats", "onnx",
                      "--tolerance", "1e-12", "--register", "pets", "--tracking_uri", f"sqlite:///{store}"])  # fmt: skip
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 1 and "model.onnx does not reproduce PyTorch" in line

@@ -16,9 +16,11 @@ import optuna
 import pytest
 import torch
 import yaml
+from cifar_classifier.models import ImageClassifier
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from classifier_engine.commands import sweep as sweep_command_line  # sweep.py's, in this process
 from classifier_engine.foundation.errors import UsageError
 from classifier_engine.machinery.sweeps.space import SweepSpec
 from classifier_engine.machinery.sweeps.study import without_password
@@ -35,9 +37,6 @@ from .conftest import (
     write_image_folder,
     write_tiny_archive,
 )
-
-sys.path.insert(0, str(PROJECT_ROOT))
-import sweep as sweep_command_line  # the project's sweep.py, run in this process by the quick test
 
 # The tests that start worker processes are marked slow; the quick tier parses sweep files and runs one
 # trial in this process.
@@ -83,7 +82,12 @@ def test_one_trial_in_process_writes_its_run_the_study_and_the_best_config(tmp_p
     spec = write_sweep(tmp_path / "one.yaml")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["sweep.py"])
-    assert sweep_command_line.main(["--sweep", str(spec), "--n_trials", "1", *TRIAL_OPTIONS]) == 0
+    assert (
+        sweep_command_line.main(
+            ImageClassifier, default_config(), ["--sweep", str(spec), "--n_trials", "1", *TRIAL_OPTIONS]
+        )
+        == 0
+    )
     (trial,) = load(tmp_path, "one").trials
     assert trial.state == TrialState.COMPLETE and (tmp_path / trial.user_attrs["run_dir"] / "sweep.json").is_file()
     best = tmp_path / "runs" / "sweeps" / "one" / "best.yaml"

@@ -13,17 +13,10 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from {{ cookiecutter.import_name }}.callbacks import (
-    ConfusionMatrix,
-    GradientHistograms,
-    GradScaleWatchdog,
-    ImageThroughput,
-    Lookahead,
-    ModelReport,
-    SampleGrid,
-)
-from {{ cookiecutter.import_name }}.callbacks import throughput as project_throughput
-from {{ cookiecutter.import_name }}.data import CifarDataModule
+from classifier_engine.callbacks import ConfusionMatrix, ImageThroughput, ModelReport, SampleGrid
+from classifier_engine.callbacks import throughput as project_throughput
+
+from {{ cookiecutter.import_name }}.callbacks import GradientHistograms, GradScaleWatchdog, Lookahead
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import FastCNN
 
@@ -36,9 +29,8 @@ def read_events(directory) -> EventAccumulator:
     return events
 
 
-def tiny_fit(data_dir, tmp_path, callbacks, max_steps=4, optimizer=None, ckpt_path=None, **trainer_kwargs):
-    """A real in-process fit of a tiny model; returns the trainer."""
-    data = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, num_workers=0, batch_size=16, val_size=32)
+def tiny_fit(data, tmp_path, callbacks, max_steps=4, optimizer=None, ckpt_path=None, **trainer_kwargs):
+    """A real in-process fit of a tiny model on the project's DataModule; returns the trainer."""
     model = ImageClassifier(
         num_classes=data.num_classes,
         class_names=data.class_names,
@@ -63,8 +55,8 @@ def tiny_fit(data_dir, tmp_path, callbacks, max_steps=4, optimizer=None, ckpt_pa
     return trainer
 
 
-def test_histograms_and_norms_every_n_steps(data_dir, tmp_path):
-    trainer = tiny_fit(data_dir, tmp_path, [GradientHistograms(every_n_steps=2)], max_steps=5)
+def test_histograms_and_norms_every_n_steps(project_data, tmp_path):
+    trainer = tiny_fit(project_data, tmp_path, [GradientHistograms(every_n_steps=2)], max_steps=5)
     events = read_events(trainer.logger.log_dir)
     histograms = events.Tags()["histograms"]
     assert "weights/backbone.0.weight" in histograms and "weights_grad/backbone.0.weight" in histograms
@@ -91,14 +83,14 @@ class FakeClock(L.Callback):
 
 
 def test_throughput_after_a_validation_between_logging_steps_counts_every_training_batch_time(
-    data_dir, tmp_path, monkeypatch
+    project_data, tmp_path, monkeypatch
 ):
     # Logged at steps 4 and 8, validated after step 6: the rate at step 8 spans steps 5 to 8 (or 7
     # and 8), whose time must not be dropped with the validation's.
     clock = FakeClock()
     monkeypatch.setattr(project_throughput, "time", clock)
     trainer = tiny_fit(
-        data_dir, tmp_path, [clock, ImageThroughput()], max_steps=10, val_check_interval=6, log_every_n_steps=4
+        project_data, tmp_path, [clock, ImageThroughput()], max_steps=10, val_check_interval=6, log_every_n_steps=4
     )
     rates = read_events(trainer.logger.log_dir).Scalars("train/device/samples_per_sec")
     # Lightning's step index of the 8th batch (the 4th has no window yet); 16 images per 1-s batch
@@ -123,17 +115,17 @@ def test_nonfinite_gradients_are_counted_not_drawn(tmp_path):
     assert "weights_grad/bias" in events.Tags()["histograms"]
 
 
-def test_without_tensorboard_it_warns_once_and_keeps_the_scalars(data_dir, tmp_path):
+def test_without_tensorboard_it_warns_once_and_keeps_the_scalars(project_data, tmp_path):
     logger = CSVLogger(tmp_path, name="csv", version=0)
     with pytest.warns(UserWarning, match="no TensorBoardLogger attached") as warned:
-        tiny_fit(data_dir, tmp_path, [GradientHistograms(every_n_steps=1)], max_steps=3, logger=logger)
+        tiny_fit(project_data, tmp_path, [GradientHistograms(every_n_steps=1)], max_steps=3, logger=logger)
     assert sum("no TensorBoardLogger" in str(w.message) for w in warned) == 1
     header = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0]
     assert "weights_grad_norm/total" in header
 
 
-def test_sample_grid_and_confusion_matrix(data_dir, tmp_path):
-    trainer = tiny_fit(data_dir, tmp_path, [SampleGrid(num_images=16, images_per_row=4), ConfusionMatrix()])
+def test_sample_grid_and_confusion_matrix(project_data, tmp_path):
+    trainer = tiny_fit(project_data, tmp_path, [SampleGrid(num_images=16, images_per_row=4), ConfusionMatrix()])
     events = read_events(trainer.logger.log_dir)
     (grid,) = events.Images("train/augmented_batch")
     assert grid.step == 0 and grid.width == 4 * 34 + 2 and grid.height == 4 * 34 + 2
@@ -154,19 +146,19 @@ def fp16_on_cpu(init_scale: float) -> MixedPrecision:
     return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale))
 
 
-def test_watchdog_logs_the_scale_of_a_healthy_fp16_run(data_dir, tmp_path):
+def test_watchdog_logs_the_scale_of_a_healthy_fp16_run(project_data, tmp_path):
     watchdog = GradScaleWatchdog()
-    trainer = tiny_fit(data_dir, tmp_path, [watchdog], plugins=[fp16_on_cpu(2.0**10)])
+    trainer = tiny_fit(project_data, tmp_path, [watchdog], plugins=[fp16_on_cpu(2.0**10)])
     events = read_events(trainer.logger.log_dir)
     assert [e.value for e in events.Scalars("amp/scale")] == [2.0**10] * 4
     assert watchdog.skipped_steps == 0 and trainer.global_step == 4  # not stopped before max_steps
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # skipped steps
-def test_watchdog_ends_the_run_as_diverged_after_consecutive_overflows(data_dir, tmp_path):
+def test_watchdog_ends_the_run_as_diverged_after_consecutive_overflows(project_data, tmp_path):
     watchdog = GradScaleWatchdog(max_consecutive_skips=3, check_every_n_steps=1)
     with pytest.raises(FloatingPointError, match=r"3 optimizer steps in a row were skipped .* by step 3"):
-        tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
+        tiny_fit(project_data, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
     assert watchdog.skipped_steps == 3
     events = read_events(next(tmp_path.rglob("events.out.tfevents.*")).parent)
     scales = [e.value for e in events.Scalars("amp/scale")]
@@ -174,10 +166,10 @@ def test_watchdog_ends_the_run_as_diverged_after_consecutive_overflows(data_dir,
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # skipped steps
-def test_watchdog_reads_its_counts_only_every_n_steps_and_stops_at_the_next_read(data_dir, tmp_path):
+def test_watchdog_reads_its_counts_only_every_n_steps_and_stops_at_the_next_read(project_data, tmp_path):
     watchdog = GradScaleWatchdog(max_consecutive_skips=2, check_every_n_steps=3)
     with pytest.raises(FloatingPointError, match=r"2 optimizer steps in a row were skipped .* by step 3"):
-        tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
+        tiny_fit(project_data, tmp_path, [watchdog], max_steps=8, plugins=[fp16_on_cpu(1e38)])
     assert watchdog.skipped_steps == 3  # two skips in a row by step 2, read at 3
 
 
@@ -185,7 +177,7 @@ def test_watchdog_reads_its_counts_only_every_n_steps_and_stops_at_the_next_read
 @pytest.mark.parametrize(
     ("init_scale", "overflowing"), [(1e38, True), (2.0**10, False)], ids=["overflowing", "healthy"]
 )
-def test_watchdog_warns_once_below_its_scale_floor_and_above_its_skip_rate(data_dir, tmp_path, init_scale, overflowing):
+def test_watchdog_warns_once_below_its_scale_floor_and_above_its_skip_rate(project_data, tmp_path, init_scale, overflowing):
     # Never stops (max_consecutive_skips=0): only the two warnings are under test. Every step of the
     # overflowing run is skipped and halves the scale, from 1e38 to below the 1e37 floor.
     floor = 1e37 if overflowing else 1.0
@@ -194,7 +186,7 @@ def test_watchdog_warns_once_below_its_scale_floor_and_above_its_skip_rate(data_
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = tiny_fit(data_dir, tmp_path, [watchdog], max_steps=6, plugins=[fp16_on_cpu(init_scale)])
+        trainer = tiny_fit(project_data, tmp_path, [watchdog], max_steps=6, plugins=[fp16_on_cpu(init_scale)])
     messages = [str(w.message) for w in caught if "GradScaleWatchdog" in str(w.message)]
     below_floor = [m for m in messages if "the fp16 loss scale fell to" in m and f"(< {floor:g})" in m]
     too_many_skips = [m for m in messages if "of the last 4 optimizer steps were skipped (> 50%)" in m]
@@ -206,28 +198,28 @@ def test_watchdog_warns_once_below_its_scale_floor_and_above_its_skip_rate(data_
 
 
 @pytest.mark.parametrize(("threshold", "warned"), [(1e-6, True), (1000.0, False)], ids=["above", "below"])
-def test_model_report_warns_above_its_gflops_threshold(data_dir, tmp_path, threshold, warned):
+def test_model_report_warns_above_its_gflops_threshold(project_data, tmp_path, threshold, warned):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tiny_fit(data_dir, tmp_path, [ModelReport(warn_above_gflops=threshold)], max_steps=1)
+        tiny_fit(project_data, tmp_path, [ModelReport(warn_above_gflops=threshold)], max_steps=1)
     above = [str(w.message) for w in caught if "GFLOPs per image is above" in str(w.message)]
     assert len(above) == (1 if warned else 0), above
     if warned:
         assert f"the {threshold:g} GFLOPs threshold" in above[0]
 
 
-def test_watchdog_without_a_scaler_watches_the_loss(data_dir, tmp_path):
+def test_watchdog_without_a_scaler_watches_the_loss(project_data, tmp_path):
     watchdog = GradScaleWatchdog(max_consecutive_skips=2)
-    trainer = tiny_fit(data_dir, tmp_path, [watchdog])
+    trainer = tiny_fit(project_data, tmp_path, [watchdog])
     assert watchdog.skipped_steps == 0 and trainer.global_step == 4
     events = read_events(trainer.logger.log_dir)
     assert not any(tag.startswith("amp/") for tag in events.Tags()["scalars"])  # nothing to chart without a scaler
 
 
-def test_watchdog_stops_a_diverged_fp32_run(data_dir, tmp_path):
+def test_watchdog_stops_a_diverged_fp32_run(project_data, tmp_path):
     watchdog = GradScaleWatchdog(max_consecutive_skips=2, check_every_n_steps=1)
     with pytest.raises(FloatingPointError, match="optimizer steps in a row were skipped"):
-        tiny_fit(data_dir, tmp_path, [watchdog], max_steps=8, optimizer=functools.partial(torch.optim.SGD, lr=1e30))
+        tiny_fit(project_data, tmp_path, [watchdog], max_steps=8, optimizer=functools.partial(torch.optim.SGD, lr=1e30))
     assert watchdog.skipped_steps >= 2
 
 

@@ -5,10 +5,10 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from classifier_engine.data.interfaces import TrainingImages
+from classifier_engine.foundation.errors import UsageError
 
 from {{ cookiecutter.import_name }}.callbacks import WhiteningFit
-from {{ cookiecutter.import_name }}.data import CifarDataModule, TrainingImages
-from {{ cookiecutter.import_name }}.foundation.errors import UsageError
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import (
     AirBench,
@@ -258,8 +258,8 @@ def test_class_names_must_match_num_classes():
         ImageClassifier(num_classes=10, class_names=["a", "b", "c"])
 
 
-def test_data_fitted_layers_ask_for_training_images_by_a_named_interface():
-    assert isinstance(CifarDataModule(), TrainingImages)
+def test_data_fitted_layers_ask_for_training_images_by_a_named_interface(project_data):
+    assert isinstance(project_data, TrainingImages)
     assert not isinstance(L.LightningDataModule(), TrainingImages)
     model = ImageClassifier(num_classes=10, backbone=TINY_AIRBENCH)
     with pytest.raises(ValueError, match="TrainingImages"):
