@@ -38,11 +38,11 @@ def write_data(root: Path) -> list[str]:
 
 @pytest.fixture
 def project_data(tmp_path: Path) -> PhotoDataModule:
-    """The project's DataModule on a tiny folder of photos, prepared and set up for fit."""
-    write_image_folder(tmp_path / "photos", per_class=12)
+    """The project's DataModule on a tiny folder of photos (10 batches of 16 an epoch), prepared and set up for fit."""
+    write_image_folder(tmp_path / "photos", per_class=72)
     data = PhotoDataModule(
         image_dir=str(tmp_path / "photos"), cache_dir=str(tmp_path / "packed"), image_size=32, val_fraction=0.25,
-        num_workers=0, pack_workers=1, batch_size=8,
+        num_workers=0, pack_workers=1, batch_size=16,
     )  # fmt: skip
     data.prepare_data()
     data.setup("fit")
