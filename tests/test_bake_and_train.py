@@ -14,35 +14,29 @@ import yaml
 
 pytestmark = pytest.mark.slow
 
-# The default render runs its suite's quick tier (every module at least once, the CLI through real
-# processes, one export registered and served) and the slow tests marked every_render: the mistakes
-# table, the faults (a full disk on a tmpfs, OOM, a killed worker, divergence), two-process DDP, a
-# signal mid-epoch resumed exactly (on the archive and on a folder of images), the Kubeflow job's
-# command as two nodes and the Dockerfile's commands. The other slow tests (the
-# kill-and-resume matrix, sweeps, trackers, the fast recipe) run in the rendered project's own CI
-# workflow and with `pytest -m slow`: here they would take CI past its time. The tests train a small
-# FastCNN whatever the answers (the CLI is under test); each render's own configured network is trained
-# and exported below. The suite has a time budget (seconds on 2 cores): a hang fails it without waiting
-# for the CI limit.
-# The only reasons a rendered test may be skipped: no GPU, no browser for the TensorBoard pages, no mount namespace.
+LIBRARY = Path(__file__).resolve().parents[1] / "classifier-engine"
+# The engine's suite runs once, against the two default renders: its quick tier (every module at least once,
+# the CLI through real processes, one export registered and served) and the slow tests marked every_render:
+# the mistakes table, the faults (a full disk on a tmpfs, OOM, a killed worker, divergence), two-process DDP, a
+# signal mid-epoch resumed exactly (on the archive and on a folder of images), the Kubeflow job's command as two
+# nodes and the Dockerfile's commands. Its other slow tests (the kill-and-resume matrix, sweeps, trackers, the
+# fast recipe) run with `pytest -m slow` in classifier-engine/: here they would take CI past its time. The suite
+# has a time budget (seconds on 2 cores): a hang fails it without waiting for the CI limit.
+ENGINE_SUITE = (["-m", "not slow or every_render"], 3000)
+# The only reasons a test may be skipped: no GPU, no browser for the TensorBoard pages, no mount namespace.
 ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium", "no private mount namespace")
-# A render whose pytest arguments are None is only trained and exported: its suite differs from the
-# default render's in Jinja branches that the render tests lint and compile.
+# Each render is installed with its lock, passes its own tests (a plain `pytest`, under 2 minutes) and trains
+# its own configured network as its README says.
 RENDERS = [
-    pytest.param(({"project_name": "Baked Default"}, ["-m", "not slow or every_render"], 3000), id="defaults"),
-    pytest.param(
-        ({"project_name": "Baked Photos", "dataset": "images", "backbone": "resnet18"}, None, 0),
-        id="images-resnet18",
-    ),
-    pytest.param(
-        ({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, None, 0),
-        id="cifar100-resnet18",
-    ),
-]
+    pytest.param({"project_name": "Baked Default"}, id="defaults"),
+    pytest.param({"project_name": "Baked Photos", "dataset": "images", "backbone": "resnet18"}, id="images-resnet18"),
+    pytest.param({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, id="cifar100-resnet18"),
+]  # fmt: skip
+OWN_SUITE_BUDGET = 120
 
 
-def run(*command: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning"}
+def run(*command: str, cwd: Path, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", **(env or {})}
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     assert result.returncode == 0, (
         f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -50,22 +44,37 @@ def run(*command: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedP
     return result
 
 
+def pip(*args: str, cwd: Path) -> None:
+    run(sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", *args, cwd=cwd)
+
+
+def uninstall(*names: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", *names], check=False)
+
+
+def without_library_source(lock: Path, destination: Path) -> Path:
+    """The lock less its line saying where classifier-engine comes from, so that a given wheel of it installs."""
+    destination.write_text("".join(line for line in lock.read_text().splitlines(keepends=True)
+                                   if not line.startswith("classifier-engine @ ")))  # fmt: skip
+    return destination
+
+
 @pytest.fixture
 def installed(bake, request):
-    """A rendered project installed into this environment (and uninstalled afterwards)."""
-    answers, pytest_args, budget = request.param
-    project = bake(**answers)
-    # With the project's lock, as its README says. The full lock rather than the CPU one: its torch is the
-    # one installed here (the CPU lock's Linux torch comes from PyTorch's own index); every other pin is the same.
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "-c", "constraints.txt"]
-    run(*pip, "-e", f"{project}[dev]", cwd=project)
-    yield project, pytest_args, budget
-    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", project.name], check=False)
+    """A rendered project installed into this environment with its lock, as its README says (uninstalled after).
+
+    The full lock rather than the CPU one: its torch is the one installed here (the CPU lock's Linux torch comes
+    from PyTorch's own index); every other pin is the same. The library comes from this checkout, as the lock says.
+    """
+    project = bake(**request.param)
+    pip("-c", "constraints.txt", "-e", f"{project}[dev]", cwd=project)
+    yield project
+    uninstall(project.name, "classifier-engine")
 
 
-def run_own_suite(project: Path, pytest_args: list[str], budget: float, report: Path) -> None:
+def run_suite(folder: Path, pytest_args: list[str], budget: float, report: Path, env: dict | None = None) -> None:
     run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *pytest_args,
-        cwd=project, timeout=budget)  # fmt: skip
+        cwd=folder, timeout=budget, env=env)  # fmt: skip
     suite = ElementTree.parse(report).getroot().find("testsuite")
     assert int(suite.get("failures")) == 0 and int(suite.get("errors")) == 0 and int(suite.get("tests")) > 0
     for case in suite.iter("testcase"):  # a test may be skipped only for a machine it cannot run on
@@ -73,6 +82,24 @@ def run_own_suite(project: Path, pytest_args: list[str], budget: float, report: 
         if skipped is not None:
             reason = skipped.get("message", "")
             assert reason.startswith(ALLOWED_SKIPS), f"{case.get('name')} was skipped: {reason}"
+
+
+def test_the_built_wheel_passes_the_engine_suite_against_both_default_renders(bake, tmp_path):
+    """The library as released (its wheel, built here) under its own tests, with the CIFAR and the photo render."""
+    wheel_dir = tmp_path / "dist"
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir),
+        str(LIBRARY), cwd=tmp_path)  # fmt: skip
+    (wheel,) = wheel_dir.glob("classifier_engine-*.whl")
+    cifar, photos = bake(), bake(dataset="images")
+    lock = without_library_source(cifar / "constraints.txt", tmp_path / "lock.txt")
+    try:
+        pip("-c", str(lock), f"{wheel}[sweep,mlflow,wandb,labels,streaming]", cwd=tmp_path)
+        installed = run(sys.executable, "-m", "pip", "show", "-f", "classifier-engine", cwd=tmp_path).stdout
+        assert "Editable project location" not in installed and f"Version: {wheel.name.split('-')[1]}" in installed
+        projects = os.pathsep.join([str(cifar), str(photos)])
+        run_suite(LIBRARY, *ENGINE_SUITE, tmp_path / "engine.xml", env={"ENGINE_TEST_PROJECTS": projects})
+    finally:
+        uninstall("classifier-engine")
 
 
 def train_and_export_a_folder_of_photos(project: Path, package: str, tmp_path: Path) -> None:
@@ -132,26 +159,22 @@ def train_and_export_a_folder_of_photos(project: Path, package: str, tmp_path: P
                  for path in (tmp_path / "runs" / "images").glob("*/config.yaml")}  # fmt: skip
     assert backbones == {"TimmNet", "TorchvisionNet"}
 
-    # main.py loads configs/images.yaml first in a photo render: none of its fine-tuning settings reach CIFAR-10's
-    # config, or the fast recipe stacked on it, which resolve as they do in a CIFAR render.
-    for configs in (["cifar10.yaml"], ["cifar10.yaml", "cifar10_fast.yaml"]):
-        stacked = [part for name in configs for part in ("--config", str(project / "configs" / name))]
-        printed = run(sys.executable, str(project / "main.py"), "fit", *stacked, "--print_config", cwd=tmp_path)
-        resolved = yaml.safe_load(printed.stdout)
-        assert resolved["model"]["backbone_lr_scale"] == 1.0 and resolved["data"]["init_args"]["mixup_alpha"] == 0.0
-        callbacks = {callback["class_path"].rsplit(".", 1)[1] for callback in resolved["trainer"]["callbacks"]}
-        assert not callbacks & {"FreezeBackbone", "EMAWeights"}, callbacks
-    assert resolved["model"]["test_time_augmentation"]["class_path"].endswith(".FlipTranslate")  # the fast recipe's
+    # A photo render carries nothing of CIFAR: no config, no DataModule.
+    assert (
+        not list((project / "configs").glob("cifar*.yaml"))
+        and not (project / "src" / package / "data" / "cifar.py").exists()
+    )
 
 
 @pytest.mark.parametrize("installed", RENDERS, indirect=True)
 def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
-    project, pytest_args, budget = installed
+    project = installed
     package = next((project / "src").iterdir()).name
     dataset = json.loads((project / ".cookiecutter.json").read_text())["cookiecutter"]["dataset"]
+    shown = run(sys.executable, "-m", "pip", "show", "classifier-engine", cwd=tmp_path).stdout
+    assert "Version: 1." in shown  # the library, from this checkout as the render's lock says
 
-    if pytest_args is not None:
-        run_own_suite(project, pytest_args, budget, tmp_path / "junit.xml")
+    run_suite(project, [], OWN_SUITE_BUDGET, tmp_path / "junit.xml")
     if dataset == "images":
         train_and_export_a_folder_of_photos(project, package, tmp_path)
         return
@@ -160,8 +183,7 @@ def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
     data_dir = tmp_path / "data"
     pack = (
         "import sys, numpy as np\n"
-        f"sys.path.insert(0, {str(project)!r})\n"
-        f"from {package}.data.cifar_format import FORMATS\n"
+        "from classifier_engine.data.cifar_format import FORMATS\n"
         "from classifier_engine.testing.cifar_archives import write_archive\n"
         f"fmt = FORMATS['{dataset}']\n"
         "rng = np.random.default_rng(0)\n"

@@ -19,7 +19,7 @@ TINY_RUN = [
 PACK = """
 import sys, numpy as np
 sys.path.insert(0, sys.argv[2])  # the rendered project: its tests write official-format archives
-from cifar_classifier.data.cifar_format import CIFAR10
+from classifier_engine.data.cifar_format import CIFAR10
 from classifier_engine.testing.cifar_archives import write_archive
 rng = np.random.default_rng(0)
 x = rng.integers(0, 256, (160, 3, 32, 32), dtype=np.uint8)

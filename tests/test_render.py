@@ -164,14 +164,20 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
         assert default["data"]["class_path"] == f"{package}.data.PhotoDataModule"
         scratch = yaml.safe_load((project / "configs" / "presets" / "from_scratch.yaml").read_text())
         network, settings = networks["images", answers.get("backbone", "fastcnn")]
-        assert scratch["model"]["backbone"] == {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
+        assert scratch["model"]["backbone"] == {
+            "class_path": f"{package}.models.backbones.{network}",
+            "init_args": settings,
+        }
         assert default["model"]["backbone"]["class_path"] == f"{package}.models.backbones.TimmNet"
         assert default["model"]["backbone"]["init_args"]["name"] == "tf_efficientnet_lite1.in1k"
     else:
         assert default["data"]["class_path"] == f"{package}.data.CifarDataModule"
         assert default["data"]["init_args"]["dataset"] == dataset
         network, settings = networks["cifar", answers.get("backbone", "fastcnn")]
-        assert default["model"]["backbone"] == {"class_path": f"{package}.models.backbones.{network}", "init_args": settings}
+        assert default["model"]["backbone"] == {
+            "class_path": f"{package}.models.backbones.{network}",
+            "init_args": settings,
+        }
 
 
 def test_names_are_derived_and_overridable(bake):

@@ -13,8 +13,15 @@ command -v uv >/dev/null || { echo "error: uv is not installed; pip install uv" 
 # The pins of the current lock are the resolver's preferences (uv reads the output file's pins): without
 # --upgrade or --upgrade-package, an unchanged pyproject.toml gives the same lock, byte for byte.
 grep -v '^#' constraints.txt > constraints.txt.new 2>/dev/null || true
+# classifier-engine comes from where the lock says (this template's checkout, or its git commit), at the
+# version pyproject.toml pins; both lines stay in the lock.
+engine=$(grep -oE 'classifier-engine==[^"]+' pyproject.toml | head -1)
+grep -E '^classifier-engine @ ' constraints.txt > engine-source.txt.new
 uv pip compile pyproject.toml --extra dev --universal --python-version 3.10 \
-    --no-annotate --no-header --quiet "$@" --output-file constraints.txt.new
+    --no-annotate --no-header --quiet -c engine-source.txt.new "$@" --output-file constraints.txt.new
+awk -v pin="${engine}" '/^classifier-engine @ /{print pin} {print}' constraints.txt.new > engine-pinned.txt.new
+mv engine-pinned.txt.new constraints.txt.new
+rm engine-source.txt.new
 {
     echo "# Exact versions of every dependency, for Python >= 3.10 on Linux, macOS and Windows (scripts/lock.sh)."
     echo "# Install: pip install -c constraints.txt -e \".[dev]\"   (on Linux this is torch's CUDA build)"
