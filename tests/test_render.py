@@ -16,6 +16,13 @@ from packaging.requirements import Requirement
 
 from .conftest import TEMPLATE, template_as_git_repo
 
+# The library's version, as its package states it (pyproject.toml reads it from there).
+LIBRARY_VERSION = re.search(
+    r'^__version__ = "([^"]+)"',
+    (TEMPLATE / "classifier-engine" / "src" / "classifier_engine" / "__init__.py").read_text(),
+    re.MULTILINE,
+).group(1)
+
 # The answers record (cookiecutter's replay format) and the docs on updating from the template name
 # cookiecutter on purpose; elsewhere the word would be a leftover.
 DOCUMENTS_THE_RENDER = {".cookiecutter.json", "README.md", "docs/tests.md"}
@@ -205,8 +212,28 @@ def test_renders_from_a_git_url_as_from_a_local_path(bake, tmp_path):
     from_path = bake(output="from-path")
     files = rendered_files(from_path)
     assert rendered_files(from_git) == files
-    for name in files:
+    locks = {"constraints.txt", "constraints-cpu.txt"}
+    for name in files - locks:
         assert (from_git / name).read_bytes() == (from_path / name).read_bytes(), name
+    # The library comes from where the template came from: this checkout (offline), or the same git commit.
+    commit = subprocess.run(["git", "ls-remote", url, "HEAD"], capture_output=True, text=True, check=True).stdout[:40]
+    sources = {
+        from_path: f"classifier-engine @ {(TEMPLATE / 'classifier-engine').as_uri()}",
+        from_git: f"classifier-engine @ git+{url}@{commit}#subdirectory=classifier-engine",
+    }
+    for project, source in sources.items():
+        for lock in locks:
+            lines = (project / lock).read_text().splitlines()
+            assert lines[lines.index(source) - 1] == f"classifier-engine=={LIBRARY_VERSION}", (project, lock)
+            assert sum(line.startswith("classifier-engine") for line in lines) == 2
+    # pip finds the library at that commit (it clones and reads its metadata; nothing is installed).
+    found = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation", "--report", "-",
+         "-q", sources[from_git]],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert json.loads(found.stdout)["install"][0]["metadata"]["version"] == LIBRARY_VERSION
 
 
 @pytest.mark.parametrize("answers", COMBINATIONS, ids=lambda a: "-".join(a.values()) or "defaults")
@@ -243,6 +270,8 @@ def test_constraints_pin_every_dependency(bake):
     for line in (project / "constraints.txt").read_text().splitlines():
         if line and not line.startswith("#"):
             requirement = Requirement(line)  # name==version, with an environment marker where versions differ
+            if requirement.url:  # where the library comes from, beside its pinned version
+                continue
             pinned[requirement.name.lower().replace("_", "-")] = str(requirement.specifier).removeprefix("==")
     meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     extras = [requirement for group in meta["optional-dependencies"].values() for requirement in group]
@@ -251,6 +280,12 @@ def test_constraints_pin_every_dependency(bake):
         if name != meta["name"]:  # dev names the project's own extras (sweep, mlflow, wandb)
             assert name in pinned, f"{name} is not pinned in constraints.txt"
     assert pinned["torch"] == "2.14.1" and pinned["torchvision"] == "0.29.1"
+    # The exact library version it was rendered with, in pyproject.toml (every extra too) and both locks.
+    assert pinned["classifier-engine"] == LIBRARY_VERSION
+    engine = [Requirement(r) for r in [*meta["dependencies"], *extras] if Requirement(r).name == "classifier-engine"]
+    assert len(engine) == 6 and {str(r.specifier) for r in engine} == {f"=={LIBRARY_VERSION}"}
+    cpu = (project / "constraints-cpu.txt").read_text().splitlines()
+    assert f"classifier-engine=={LIBRARY_VERSION}" in cpu
 
 
 def test_lightning_requirement_refuses_the_compromised_releases(bake):
@@ -282,10 +317,13 @@ def test_recorded_answers_re_render_the_same_tree(bake, tmp_path, cookiecutter_c
 
 # The package's wings, lowest first: a module imports only its own wing or a lower one. The user's
 # data and models do not import each other; callbacks may use both.
-WING_LEVELS = {"foundation": 0, "data": 1, "models": 1, "callbacks": 2, "machinery": 3}
+# A render's wings, and the library's: each imports only its own level and below.
+WING_LEVELS = {"data": 0, "models": 0, "callbacks": 1}
+LIBRARY_WING_LEVELS = {"foundation": 0, "data": 1, "models": 1, "callbacks": 2, "testing": 2, "machinery": 3,
+                       "commands": 4}  # fmt: skip
 
 
-def package_imports(package: Path) -> list[tuple[str, str, str]]:
+def package_imports(package: Path, wings: dict[str, int] = WING_LEVELS) -> list[tuple[str, str, str]]:
     """(importing file, its wing, imported wing) for every import of the package's own modules."""
     import ast
 
@@ -308,21 +346,38 @@ def package_imports(package: Path) -> list[tuple[str, str, str]]:
             else:
                 continue
             for name in names:
-                if len(name) > 1 and name[0] == package.name and name[1] in WING_LEVELS:
+                if len(name) > 1 and name[0] == package.name and name[1] in wings:
                     found.append((str(path.relative_to(package)), wing, name[1]))
     return found
 
 
-def test_every_import_of_the_package_runs_one_way(bake):
-    package = next((bake() / "src").iterdir())
+@pytest.mark.parametrize("dataset", ["cifar10", "images"])
+def test_every_import_of_the_package_runs_one_way(bake, dataset):
+    package = next((bake(dataset=dataset) / "src").iterdir())
     imports = package_imports(package)
-    assert {imported for _, _, imported in imports} == set(WING_LEVELS)  # the check sees every wing
+    assert {imported for _, _, imported in imports} >= {"models"}  # the check sees the package's own imports
     upward = [
         (path, imported)
         for path, wing, imported in imports
         if wing != imported and WING_LEVELS[imported] >= WING_LEVELS[wing]
     ]
     assert upward == []
+
+
+def test_the_library_imports_one_way_and_never_a_project():
+    library = TEMPLATE / "classifier-engine" / "src" / "classifier_engine"
+    imports = package_imports(library, LIBRARY_WING_LEVELS)
+    assert {imported for _, _, imported in imports} == set(LIBRARY_WING_LEVELS) - {"commands"}  # sees every wing
+    upward = [
+        (path, imported)
+        for path, wing, imported in imports
+        if wing != imported and LIBRARY_WING_LEVELS[imported] >= LIBRARY_WING_LEVELS[wing]
+    ]
+    assert upward == []
+    for path in library.rglob("*.py"):  # no template variable, no project's package
+        text = path.read_text()
+        assert "cookiecutter" not in text and "{{" not in text, path
+        assert not re.search(r"^\s*(from|import) (cifar|photo)_classifier", text, re.MULTILINE), path
 
 
 def test_the_docs_name_what_a_user_edits_with_its_true_length(bake):

@@ -7,8 +7,9 @@ python check_labels.py --data.image_dir photos/ [--folds 5] [any main.py fit opt
 
 from classifier_engine.commands import check_labels
 
-from main import DEFAULT_CONFIG
 from {{ cookiecutter.import_name }}.models import ImageClassifier
+
+from main import DEFAULT_CONFIG
 
 if __name__ == "__main__":
     check_labels.run(ImageClassifier, DEFAULT_CONFIG)

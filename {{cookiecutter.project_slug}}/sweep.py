@@ -7,8 +7,9 @@ python sweep.py --sweep configs/sweeps/{{ cookiecutter.dataset }}.yaml [--n_tria
 
 from classifier_engine.commands import sweep
 
-from main import DEFAULT_CONFIG
 from {{ cookiecutter.import_name }}.models import ImageClassifier
+
+from main import DEFAULT_CONFIG
 
 if __name__ == "__main__":
     sweep.run(ImageClassifier, DEFAULT_CONFIG)

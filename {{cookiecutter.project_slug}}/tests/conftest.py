@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-{%- if cookiecutter.dataset == 'images' %}
+
+{% if cookiecutter.dataset == 'images' -%}
 from classifier_engine.testing import write_image_folder
 
 from {{ cookiecutter.import_name }}.data import PhotoDataModule
-{%- else %}
+{%- else -%}
 from classifier_engine.testing import write_tiny_archive
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
@@ -74,7 +75,9 @@ def project_data(tmp_path: Path) -> CifarDataModule:
 {%- endif %}
 
 
-def run_command(script: str, *args: str, cwd: Path, timeout: float = 300, **popen: object) -> subprocess.CompletedProcess:
+def run_command(
+    script: str, *args: str, cwd: Path, timeout: float = 300, **popen: object
+) -> subprocess.CompletedProcess:
     """``python <script> ARGS`` in ``cwd``, as typed in a shell; it must succeed."""
     command = [sys.executable, str(PROJECT_ROOT / script), *args]
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, **popen)

@@ -177,7 +177,9 @@ def test_watchdog_reads_its_counts_only_every_n_steps_and_stops_at_the_next_read
 @pytest.mark.parametrize(
     ("init_scale", "overflowing"), [(1e38, True), (2.0**10, False)], ids=["overflowing", "healthy"]
 )
-def test_watchdog_warns_once_below_its_scale_floor_and_above_its_skip_rate(project_data, tmp_path, init_scale, overflowing):
+def test_watchdog_warns_once_below_its_scale_floor_and_above_its_skip_rate(
+    project_data, tmp_path, init_scale, overflowing
+):
     # Never stops (max_consecutive_skips=0): only the two warnings are under test. Every step of the
     # overflowing run is skipped and halves the scale, from 1e38 to below the 1e37 floor.
     floor = 1e37 if overflowing else 1.0

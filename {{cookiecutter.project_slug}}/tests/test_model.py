@@ -5,6 +5,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+
 from classifier_engine.data.interfaces import TrainingImages
 from classifier_engine.foundation.errors import UsageError
 

@@ -23,7 +23,9 @@ def stop_in_epoch(command: list[str], cwd: Path, epoch: int) -> subprocess.Compl
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        if any(cwd.glob(f"runs/*/*/checkpoints/epoch={epoch - 1}*.ckpt")) or any(cwd.glob("runs/*/*/checkpoints/last.ckpt")):
+        if any(cwd.glob(f"runs/*/*/checkpoints/epoch={epoch - 1}*.ckpt")) or any(
+            cwd.glob("runs/*/*/checkpoints/last.ckpt")
+        ):
             process.send_signal(signal.SIGTERM)
             break
         time.sleep(0.05)

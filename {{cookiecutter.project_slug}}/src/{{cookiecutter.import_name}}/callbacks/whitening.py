@@ -7,6 +7,7 @@ import torch
 from typing_extensions import override
 
 from classifier_engine.data.interfaces import TrainingImages
+
 from ..models.backbones import PatchWhitening
 
 

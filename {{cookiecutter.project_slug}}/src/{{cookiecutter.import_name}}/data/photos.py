@@ -8,10 +8,11 @@ cache, the loaders, the held-out rows a checkpoint records and exact resume are 
 from __future__ import annotations
 
 import numpy as np
+from typing_extensions import override
+
 from classifier_engine.data.augment import BatchAugment
 from classifier_engine.data.datamodule import RESIZED_CROP_FROM
 from classifier_engine.data.folder import ImageFolderDataModule, stratified_split
-from typing_extensions import override
 
 
 class PhotoDataModule(ImageFolderDataModule):
@@ -42,7 +43,9 @@ class PhotoDataModule(ImageFolderDataModule):
         resized = given.random_resized_crop
         if resized is None:
             resized = self.image_size >= RESIZED_CROP_FROM
-        padding = given.crop_padding if given.crop_padding is not None else (0 if resized else max(1, self.image_size // 8))
+        padding = (
+            given.crop_padding if given.crop_padding is not None else (0 if resized else max(1, self.image_size // 8))
+        )
         return BatchAugment(
             crop_padding=padding,
             flip=given.flip,

@@ -18,10 +18,11 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from classifier_engine.foundation.logging_steps import at_logging_step
+from classifier_engine.models.training_totals import TrainingTotals
+
 from .backbones import BackboneFactory, FastCNN, build_backbone, head_of
 from .schedules import OneCycle, Replanned, ScheduleFactory
 from .test_time import TestTimeAugmentation
-from classifier_engine.models.training_totals import TrainingTotals
 
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
