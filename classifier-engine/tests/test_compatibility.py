@@ -1,0 +1,47 @@
+"""A run written by the previous release of classifier-engine resumes, extends and exports under this one.
+
+Semantic versioning's promise for a minor release, checked on a real run folder (config, hash and
+``last.ckpt`` of a one-epoch fit of the CIFAR render) written by classifier-engine 1.0.0: the same command
+finds the same run, a longer ``max_epochs`` continues it from its step, and ``export.py`` ships it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import torch
+
+from .conftest import NUM_TEST, PROJECT_ROOT, cli_env, fit_args, run_cli, write_tiny_archive
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PREVIOUS_RELEASES = {"1.0.0": FIXTURES / "run-written-by-1.0.0.tar.gz"}
+
+
+def test_a_run_of_the_previous_release_resumes_extends_and_exports(tmp_path):
+    for release, archive in PREVIOUS_RELEASES.items():
+        root = tmp_path / release
+        with tarfile.open(archive) as runs:
+            runs.extractall(root, filter="data")
+        write_tiny_archive(root / "data")  # the same tiny archive the run was trained on
+        (run_dir,) = (path.parent for path in root.glob("runs/cifar10/*/config.yaml"))
+        last = run_dir / "checkpoints" / "last.ckpt"
+        assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 10
+
+        finished = run_cli(*fit_args("data", "--ckpt_path=last"), cwd=root)  # the same command: the same run, done
+        assert "Nothing left to train: the run had already reached" in finished.stdout + finished.stderr
+        extended = run_cli(
+            *fit_args("data", "--trainer.max_epochs=2", "--ckpt_path=last", "--allow_config_change=true"), cwd=root
+        )
+        assert "`Trainer.fit` stopped: `max_epochs=2` reached." in extended.stdout + extended.stderr
+        assert [path.parent for path in root.glob("runs/cifar10/*/config.yaml")] == [run_dir], release
+        assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 20, release
+
+        export = [sys.executable, str(PROJECT_ROOT / "export.py"), "--ckpt_path", str(last), "--formats", "onnx"]
+        shipped = subprocess.run(export, cwd=root, capture_output=True, text=True, timeout=300, env=cli_env())
+        assert shipped.returncode == 0, shipped.stderr[-3000:]
+        card = json.loads((last.parent / "export" / "model.card.json").read_text())
+        assert card["source"]["global_step"] == 20 and card["evaluation"]["images"] == NUM_TEST
