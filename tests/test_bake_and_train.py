@@ -86,10 +86,12 @@ def run_suite(folder: Path, pytest_args: list[str], budget: float, report: Path,
 
 def test_the_built_wheel_passes_the_engine_suite_against_both_default_renders(bake, tmp_path):
     """The library as released (its wheel, built here) under its own tests, with the CIFAR and the photo render."""
+    # The release workflow's build (.github/workflows/release-engine.yml), offline: the wheel and the sdist.
     wheel_dir = tmp_path / "dist"
-    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir),
-        str(LIBRARY), cwd=tmp_path)  # fmt: skip
-    (wheel,) = wheel_dir.glob("classifier_engine-*.whl")
+    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", str(wheel_dir), str(LIBRARY), cwd=tmp_path)
+    (wheel,) = wheel_dir.glob("classifier_engine-*-py3-none-any.whl")
+    (sdist,) = wheel_dir.glob("classifier_engine-*.tar.gz")
+    assert sdist.name.removesuffix(".tar.gz") == wheel.name.split("-py3")[0]  # one version for both
     cifar, photos = bake(), bake(dataset="images")
     lock = without_library_source(cifar / "constraints.txt", tmp_path / "lock.txt")
     try:
