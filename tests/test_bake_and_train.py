@@ -30,7 +30,8 @@ ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium", "no private moun
 RENDERS = [
     pytest.param({"project_name": "Baked Default"}, id="defaults"),
     pytest.param({"project_name": "Baked Photos", "dataset": "images", "backbone": "resnet18"}, id="images-resnet18"),
-    pytest.param({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"}, id="cifar100-resnet18"),
+    pytest.param({"project_name": "Baked Hundred", "dataset": "cifar100", "backbone": "resnet18"},
+                 id="cifar100-resnet18"),
 ]  # fmt: skip
 OWN_SUITE_BUDGET = 120
 
