@@ -8,17 +8,8 @@ the augmentation of whole batches where they already are.
 
 from __future__ import annotations
 
-import logging
-import multiprocessing
-import os
-import signal
-import sys
-import threading
-import time
 from dataclasses import replace
-from multiprocessing.context import BaseContext
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import lightning as L
@@ -31,6 +22,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from ..foundation.errors import check_choice
+from ..foundation.process_lifetime import start_worker, worker_context
 from .augment import AugmentSettings, BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
 from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, cross_validation_folds, keep_batch
@@ -45,81 +37,6 @@ Storage = Literal["auto", "device", "memmap"]
 RESIDENT_SHARE_OF_FREE_MEMORY = 0.25
 # From this size up, a random-resized crop replaces the padded shift crop unless the config says otherwise.
 RESIZED_CROP_FROM = 64
-PARENT_CHECK_SECONDS = 1.0  # how soon a loader worker notices that its rank (or fork server) is gone
-
-
-def start_worker(worker_id: int) -> None:
-    """Ready a loader worker: it leaves signals to the main process, ends when its rank does, prints no stray error."""
-    leave_signals_to_the_main_process()
-    end_with_the_rank()
-    sys.excepthook = log_stray_error
-
-
-def log_stray_error(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
-    """A loader worker's errors outside its loop go to the log at debug level, not the screen.
-
-    The loop's own errors reach the training process, which names them in its one line. What else a
-    worker prints comes from its helper threads as it ends with its rank: multiprocessing handing a
-    batch's shared memory to a training process that has gone (its connection reset), a store client
-    calling into a closed event loop.
-    """
-    logging.getLogger(__name__).debug("loader worker", exc_info=(kind, error, trace))
-
-
-def leave_signals_to_the_main_process() -> None:
-    """A loader worker ignores Ctrl-C and SIGUSR1/2, which a terminal or a scheduler sends to every process.
-
-    The main process stops at a batch boundary (``StopOnSignal``) and ends its workers itself; a
-    worker killed by the signal would fail the validation that may still run before the stop.
-    SIGTERM keeps its default: it is how the loader (and multiprocessing at exit) ends a worker.
-    """
-    for number in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(number, signal.SIG_IGN)
-
-
-def end_with_the_rank() -> None:
-    """End this loader worker, and a fork server (``worker_context``) that started it, when its rank ends.
-
-    PyTorch's worker exits once its parent is gone; a fork server's workers have the server as
-    parent, and the server exits once every copy of its "alive" pipe is closed. It hands a copy to
-    every worker, so a rank killed outright (SIGKILL, the kernel's OOM killer) left the server and
-    its workers waiting for each other, holding memory, forever. The worker closes its copy.
-    multiprocessing has no public route to that pipe: its private attribute, checked by
-    tests/test_private_routes.py.
-    """
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-    # PyTorch's worker checks its parent between batches only; one waiting for data that will not come (a
-    # stream's chunk from a store that went away with the rank's fault) would outlive the rank by minutes,
-    # holding its memory and the terminal's output open. A thread ends it once the parent is gone.
-    parent = os.getppid()
-
-    def exit_when_orphaned() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_CHECK_SECONDS)
-        os._exit(0)
-
-    threading.Thread(target=exit_when_orphaned, name="end-with-the-rank", daemon=True).start()
-
-
-def worker_context(num_workers: int, world_size: int, *served: object) -> BaseContext | None:
-    """How loader workers start (None: as Python's default), from a fork server in place of fork in a process group.
-
-    A process group's threads (gloo's, NCCL's) enter Python without its lock to release tensors,
-    and a worker forked at that moment on Python 3.11 deadlocks inside ``fork`` (the
-    interpreter's thread-list lock is inherited held); the rank then waits for its batch forever.
-    A fork server is a single-threaded process that forks the workers instead, with the modules of
-    ``served`` (the dataset, collate and init functions) imported once.
-    """
-    if num_workers == 0 or world_size <= 1 or multiprocessing.get_context().get_start_method() != "fork":
-        return None  # one process, or workers that are not forked (spawn on macOS, forkserver from Python 3.14)
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(sorted({"torch", *(getattr(item, "__module__", "torch") for item in served)}))
-    return context
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -389,7 +306,7 @@ class ImageDataModule(L.LightningDataModule):
     def _place_splits(self) -> None:
         """Copy the splits to the accelerator when ``storage`` says so (once: setup runs per stage)."""
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        if not self._keep_on(device):
+        if not self.keeps_on(device):
             self.resident = {}
             return
         if self.resident and next(iter(self.resident.values())).tensors[0].device == device:
@@ -402,7 +319,11 @@ class ImageDataModule(L.LightningDataModule):
         megabytes = sum(split.nbytes for split in copies.values()) / 2**20
         rank_zero_info(f"Data: {self.title} resident on {device} ({megabytes:.0f} MB); no loader workers")
 
-    def _keep_on(self, device: torch.device) -> bool:
+    def keeps_on(self, device: torch.device) -> bool:
+        """Whether the training images move to ``device`` once (``data.storage``; auto: a GPU with room to spare).
+
+        A subclass whose images cannot live on the device (streamed ones) answers False.
+        """
         if self.storage != "auto":
             return self.storage == "device"
         if device.type != "cuda":
@@ -472,7 +393,8 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError("the loaders need setup() to have run")
         return self.batches
 
-    def _loader(self, split: str, batch_size: int, train: bool) -> DataLoader:
+    def loader(self, split: str, batch_size: int, train: bool) -> DataLoader:
+        """The loader of ``split``; ``train``: the exact-resume training order (a subclass may serve otherwise)."""
         memmapped = self._splits()[split]
         dataset = self.resident.get(split, memmapped)
         workers = 0 if self.resident else self.num_workers
@@ -528,19 +450,19 @@ class ImageDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self._sizes().per_device, train=True)
+        return self.loader("train", self._sizes().per_device, train=True)
 
     @override
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", self._sizes().eval_per_device, train=False)
+        return self.loader("val", self._sizes().eval_per_device, train=False)
 
     @override
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self._sizes().eval_per_device, train=False)
+        return self.loader("test", self._sizes().eval_per_device, train=False)
 
     @override
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict", self._sizes().eval_per_device, train=False)
+        return self.loader("predict", self._sizes().eval_per_device, train=False)
 
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -44,17 +44,16 @@ def configure_store_client() -> None:
       the reader hands the same error to the training process, whose one line (and error.log) report it.
       The report goes to litdata's logger instead, at debug level.
 
-    Called in every process that reaches the store (spawned processes import litdata afresh).
+    Called in every process that reaches the store (spawned processes import litdata afresh). Each of the
+    three is a private name of litdata's (pyproject.toml bounds litdata below its next minor); each is pinned
+    by tests/test_private_routes.py, and a name gone fails here at once, never silently.
     """
     from litdata.streaming import client, downloader, reader
 
-    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
-    if isinstance(options, dict):
-        options["allow_http"] = "true"
-    if getattr(client, "random", None) is random:
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+    if client.random is random:
         client.random = random.SystemRandom()
-    if hasattr(reader.PrepareChunksThread, "_report_crash"):
-        reader.PrepareChunksThread._report_crash = _log_prefetch_crash
+    reader.PrepareChunksThread._report_crash = _log_prefetch_crash
 
 
 def _log_prefetch_crash(thread: Any, error: BaseException) -> None:

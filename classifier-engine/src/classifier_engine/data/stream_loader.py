@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..foundation.process_lifetime import start_worker
 from . import stream_position
-from .datamodule import start_worker
 from .object_store import configure_store_client
 
 

@@ -25,12 +25,10 @@ import numpy as np
 
 from .errors import DataError, DataSettingError
 from .image_sources import Entry, LabelledImages
-from .object_store import configure_store_client, is_remote, join, read_text, store_error, write_text
+from .object_store import configure_store_client, is_remote, join, store_error, write_text
 from .packing import PackSettings, decode_task, manifest_digest
+from .stream_format import DATASET_FILE, SPLITS, STREAM_FORMAT_VERSION, read_record
 
-DATASET_FILE = "dataset.json"
-STREAM_FORMAT_VERSION = 1
-SPLITS = ("train", "val", "test")
 ITEM_BYTES = 2**17  # about 128 KiB of pixels per item by default (16 images at 48 px, 3 at 112 px, 1 from 208 px)
 CHUNK_BYTES = "64MB"  # litdata's default chunk: large enough for object storage, small enough to cache many
 NODE_WAIT_SECONDS = 2.0
@@ -112,17 +110,6 @@ def grouped(entries: list[Entry], per_item: int, seed: int) -> list[Group]:
         ids = tuple(int(i) for i in order[start : start + per_item])
         groups.append(Group(ids, tuple(entries[i].key for i in ids), tuple(entries[i].label for i in ids)))
     return groups
-
-
-def read_record(location: str, options: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``dataset.json`` of a packed dataset at ``location``, or None when there is none (yet)."""
-    text = read_text(location, DATASET_FILE, options)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{join(location, DATASET_FILE)} is not a dataset record ({error}); pack it again") from error
 
 
 def _wait_for_node_indexes(split_dir: str, nodes: int) -> None:

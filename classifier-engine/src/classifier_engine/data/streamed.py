@@ -29,15 +29,16 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from ..foundation.files import NoSpaceError, Partial, free_bytes, megabytes
+from ..foundation.process_lifetime import worker_context
 from . import stream_position
-from .datamodule import ImageDataModule, worker_context
+from .datamodule import ImageDataModule
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
 from .folder import IMAGENET_MEAN, IMAGENET_STD
 from .image_files import Interpolation, centre_crop
 from .object_store import check_location, configure_store_client, is_remote, join, random_state_kept, store_error
+from .stream_format import DATASET_FILE, STREAM_FORMAT_VERSION, read_record
 from .stream_loader import concatenated, loader_class, stream_worker_init
-from .stream_packing import DATASET_FILE, STREAM_FORMAT_VERSION, read_record
 from .stream_position import Topology
 
 HELD_OUT = ("val", "test")
@@ -290,7 +291,7 @@ class StreamedImageDataModule(ImageDataModule):
         self.predict_names = self.image_names(test)
 
     @override
-    def _keep_on(self, device: torch.device) -> bool:
+    def keeps_on(self, device: torch.device) -> bool:
         return False
 
     @override
@@ -344,9 +345,9 @@ class StreamedImageDataModule(ImageDataModule):
         return torch.from_numpy(self._streamed_images(range(min(count, self.record["counts"]["train"]))))
 
     @override
-    def _loader(self, split: str, batch_size: int, train: bool) -> DataLoader:
+    def loader(self, split: str, batch_size: int, train: bool) -> DataLoader:
         if not train:
-            return super()._loader(split, batch_size, train)
+            return super().loader(split, batch_size, train)
         workers = self.num_workers
         world_size = self.trainer.world_size if self.trainer is not None else 1
         return loader_class()(

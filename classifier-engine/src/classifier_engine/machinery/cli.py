@@ -23,6 +23,7 @@ from typing_extensions import override
 from ..data import Fingerprinted, ImageDataModule
 from ..foundation.errors import UsageError, UserError, exit_with, full_error_wanted, parse_error_line
 from ..foundation.files import NoSpaceError
+from ..foundation.process_lifetime import exit_when_launcher_dies
 from .checkpoint_io import read_checkpoint
 from .console_log import CONSOLE
 from .ending import end_early
@@ -30,7 +31,7 @@ from .error_report import write_error_log
 from .faults import FaultError, describe_fault, how_it_diverged
 from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
-from .launch import exit_when_launcher_dies, launched_as_rank_zero, leave_the_process_group
+from .launch import launched_as_rank_zero, leave_the_process_group
 from .loggers import check_tracker_packages, experiment_dir
 from .noise import silence_known_noise
 from .resolution import resolve_checkpoint

@@ -32,8 +32,8 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
+from ..foundation.process_lifetime import ending_on_its_own
 from .faults import WORKER_RAISED
-from .launch import ending_on_its_own
 
 POLL_SECONDS = 0.5
 REPORT_WAIT = timedelta(seconds=20)  # how long a stopped rank waits for the failing rank's report
