@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import PROJECT_ROOT, cli_env, images_args, write_image_folder
+from .conftest import PHOTO_ROOT, cli_env, images_args, write_image_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.every_render]  # three short fits, and the same command again
 
@@ -34,15 +34,14 @@ def photos_with_flipped_labels(root: Path) -> tuple[Path, set[str]]:
 def check_labels(root: Path, photos: Path, *extra: str) -> subprocess.CompletedProcess:
     fit_options = images_args(photos, "--trainer.max_epochs=4", "--model.backbone.width=8")[1:]
     return subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "check_labels.py"), *fit_options, "--folds=3", "--output=checks/issues.csv",
-         *extra],
+        [sys.executable, str(PHOTO_ROOT / "check_labels.py"), *fit_options, "--folds=3", *extra],
         cwd=root, env=cli_env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
 
 
 def test_flipped_labels_rank_at_the_top_of_the_label_check(tmp_path):
     photos, flipped = photos_with_flipped_labels(tmp_path)
-    result = check_labels(tmp_path, photos)
+    result = check_labels(tmp_path, photos, "--output=checks/issues.csv")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "checks" / "issues.csv").read_text().splitlines()))
     assert rows and list(rows[0]) == ["file", "given_label", "suggested_label", "score"]
@@ -65,18 +64,22 @@ def test_flipped_labels_rank_at_the_top_of_the_label_check(tmp_path):
                    for run in runs)  # fmt: skip
     assert folds == [0, 1, 2]
 
-    # The same command again resumes (reuses) those runs and finds the same labels.
-    again = check_labels(tmp_path, photos, "--output=checks/again.csv")
+    # The same command again resumes (reuses) those runs and finds the same labels; without --output, the
+    # findings go beside the fold runs, named by the first fold's run.
+    again = check_labels(tmp_path, photos)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("resumed from") == 3
-    assert (tmp_path / "checks" / "again.csv").read_text() == (tmp_path / "checks" / "issues.csv").read_text()
+    (beside,) = tmp_path.glob("runs/images/label_issues-*.csv")
+    assert beside.with_suffix(".html").is_file() and f"Label check: {beside.relative_to(tmp_path)}" in again.stdout
+    assert beside.read_text() == (tmp_path / "checks" / "issues.csv").read_text()
+    assert (tmp_path / "runs" / "images" / beside.stem.removeprefix("label_issues-") / "config.yaml").is_file()
     assert len(list(tmp_path.glob("runs/images/*/checkpoints/last.ckpt"))) == 3
 
 
 def test_bad_options_are_one_line_and_write_nothing(tmp_path):
     photos, _ = photos_with_flipped_labels(tmp_path)
     for extra, message in ((["--folds=1"], "at least 2"), (["--data.folds=4"], "sets data.folds")):
-        result = check_labels(tmp_path, photos, *extra)
+        result = check_labels(tmp_path, photos, *extra, "--output=checks/issues.csv")
         assert result.returncode != 0
         assert result.stderr.strip().splitlines()[-1].startswith("error:") and message in result.stderr
     assert not (tmp_path / "checks").exists() and not (tmp_path / "runs").exists()

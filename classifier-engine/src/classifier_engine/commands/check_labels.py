@@ -1,11 +1,12 @@
 """Find the training images whose labels look wrong: k-fold out-of-sample probabilities, ranked by cleanlab.
 
-python check_labels.py --config configs/images.yaml --data.image_dir photos/ [--folds 5] [--output label_issues.csv]
+python check_labels.py --data.image_dir photos/ [--folds 5] [--output label_issues.csv]
     [--gallery 100] [any main.py fit option, e.g. --trainer.max_epochs 5]
 
 Each fold is an ordinary ``main.py fit`` run (``data.folds``, ``data.fold``), named by its config and
 resumed or reused when the same command runs again. Writes the CSV (file, given label, suggested
-label, score; worst first) and an HTML gallery beside it (``label_issues.html``).
+label, score; worst first) and an HTML gallery beside it, by default beside the fold runs
+(``runs/<name>/label_issues-<first fold's hash>.csv`` and ``.html``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--folds", type=int, default=5, help="cross-validation folds: one run each (at least 2)")
-    add("--output", type=Path, default=Path("label_issues.csv"), help="the CSV; the HTML gallery goes beside it")
+    add("--output", type=Path, help="the CSV; the HTML gallery goes beside it (default: beside the fold runs)")
     add("--gallery", type=int, default=100, help="how many of the worst images the HTML gallery shows")
     return parser.parse_known_args(argv)
 
@@ -56,15 +57,16 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
         issues = label_check.find_issues(folds)
         class_names = folds[0].class_names
         root = folds[0].image_root
-        gallery = options.output.with_suffix(".html")
-        options.output.parent.mkdir(parents=True, exist_ok=True)
-        label_check.write_issues(issues, class_names, options.output, root)
+        output = options.output or label_check.default_output(folds)
+        gallery = output.with_suffix(".html")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        label_check.write_issues(issues, class_names, output, root)
         label_check.write_gallery(issues, folds, class_names, gallery, root, options.gallery)
     except Exception as error:  # a user's mistake: one line (FULL_ERROR=1: the traceback)
         exit_with(error)
     share = 100 * len(issues.ranked) / max(len(issues.labels), 1)
     print(f"Labels that look wrong: {len(issues.ranked)} of {len(issues.labels)} images ({share:.1f} %), worst first")
-    print(f"Label check: {options.output} and {gallery}")
+    print(f"Label check: {output} and {gallery}")
     return 0
 
 

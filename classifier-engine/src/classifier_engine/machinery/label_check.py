@@ -70,6 +70,12 @@ def run_fold(
     return FoldPredictions(where.run_dir, images, probabilities, list(model.class_names), str(root) if root else None)
 
 
+def default_output(folds: list[FoldPredictions]) -> Path:
+    """Where the findings go unless ``--output`` says: beside the fold runs, named by the first fold's run."""
+    first = folds[0].run_dir
+    return first.parent / f"label_issues-{first.name}.csv"
+
+
 def predict(model: L.LightningModule, images: object, batch_size: int) -> np.ndarray:
     """Class probabilities for uint8 (N, 3, S, S) images (any indexable rows), with the model's test-time views."""
     device = next(model.parameters()).device
