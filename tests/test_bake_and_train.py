@@ -96,13 +96,15 @@ def test_the_built_wheel_passes_the_engine_suite_against_both_default_renders(ba
     cifar, photos = bake(), bake(dataset="images")
     lock = without_library_source(cifar / "constraints.txt", tmp_path / "lock.txt")
     try:
-        pip("-c", str(lock), f"{wheel}[sweep,mlflow,wandb,labels,streaming]", cwd=tmp_path)
+        # The wheel with every extra, and both renders (their own dependencies: timm, ...) over it.
+        pip("-c", str(lock), f"{wheel}[sweep,mlflow,wandb,labels,streaming]", "-e", str(cifar), "-e", str(photos),
+            cwd=tmp_path)  # fmt: skip
         installed = run(sys.executable, "-m", "pip", "show", "-f", "classifier-engine", cwd=tmp_path).stdout
         assert "Editable project location" not in installed and f"Version: {wheel.name.split('-')[1]}" in installed
         projects = os.pathsep.join([str(cifar), str(photos)])
         run_suite(LIBRARY, *ENGINE_SUITE, tmp_path / "engine.xml", env={"ENGINE_TEST_PROJECTS": projects})
     finally:
-        uninstall("classifier-engine")
+        uninstall("classifier-engine", cifar.name, photos.name)
 
 
 def train_and_export_a_folder_of_photos(project: Path, package: str, tmp_path: Path) -> None:
