@@ -5,4 +5,4 @@ recipe callbacks and configs; it reaches this library through ``class_path``s an
 ``classifier_engine.data.interfaces``, and this library never imports the project.
 """
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
