@@ -7,6 +7,7 @@ Messages go to stderr, so that tools which render the template to compare trees 
 only the difference on stdout.
 """
 
+import contextlib
 import json
 import re
 import subprocess
@@ -44,10 +45,8 @@ def library_source() -> str:
     prefix, _, rest = template.partition(":")
     url = ABBREVIATIONS[prefix].format(rest) if prefix in ABBREVIATIONS and "//" not in rest else template
     commit = ANSWERS.get("_checkout") or ""
-    try:
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):  # no clone at hand: the checkout asked for
         commit = git("rev-parse", "HEAD", cwd=repo_dir)
-    except (OSError, subprocess.CalledProcessError):
-        pass
     url = url if url.startswith("git+") else f"git+{url}"
     return f"{url}@{commit}#subdirectory={LIBRARY}" if commit else f"{url}#subdirectory={LIBRARY}"
 

@@ -16,12 +16,8 @@ from packaging.requirements import Requirement
 
 from .conftest import TEMPLATE, template_as_git_repo
 
-# The library's version, as its package states it (pyproject.toml reads it from there).
-LIBRARY_VERSION = re.search(
-    r'^__version__ = "([^"]+)"',
-    (TEMPLATE / "classifier-engine" / "src" / "classifier_engine" / "__init__.py").read_text(),
-    re.MULTILINE,
-).group(1)
+# The library's version, as its pyproject.toml states it.
+LIBRARY_VERSION = tomllib.loads((TEMPLATE / "classifier-engine" / "pyproject.toml").read_text())["project"]["version"]
 
 # The answers record (cookiecutter's replay format) and the docs on updating from the template name
 # cookiecutter on purpose; elsewhere the word would be a leftover.
@@ -191,8 +187,8 @@ def test_names_are_derived_and_overridable(bake):
     derived = bake(project_name="Deep Birds 2")
     assert derived.name == "deep-birds-2" and (derived / "src" / "deep_birds_2" / "models" / "classifier.py").is_file()
     chosen = bake(output="other", project_name="Deep Birds 2", project_slug="birds", import_name="aves")
-    assert chosen.name == "birds" and (chosen / "src" / "aves" / "machinery" / "cli.py").is_file()
-    assert "from aves.machinery.cli import main" in (chosen / "main.py").read_text()
+    assert chosen.name == "birds" and (chosen / "src" / "aves" / "models" / "classifier.py").is_file()
+    assert "from aves.models import ImageClassifier" in (chosen / "main.py").read_text()
     pyproject = (chosen / "pyproject.toml").read_text()
     assert 'name = "birds"' in pyproject
 

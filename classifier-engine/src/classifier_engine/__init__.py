@@ -5,4 +5,6 @@ recipe callbacks and configs; it reaches this library through ``class_path``s an
 ``classifier_engine.data.interfaces``, and this library never imports the project.
 """
 
-__version__ = "1.1.0"
+from importlib.metadata import version
+
+__version__ = version("classifier-engine")  # pyproject.toml states it once
