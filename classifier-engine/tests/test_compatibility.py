@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from classifier_engine.data.preprocessing import CHECKPOINT_KEY, Preprocessing
+
 from .conftest import NUM_TEST, PROJECT_ROOT, cli_env, fit_args, run_cli, write_tiny_archive
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -45,3 +47,19 @@ def test_a_run_of_the_previous_release_resumes_extends_and_exports(tmp_path):
         assert shipped.returncode == 0, shipped.stderr[-3000:]
         card = json.loads((last.parent / "export" / "model.card.json").read_text())
         assert card["source"]["global_step"] == 20 and card["evaluation"]["images"] == NUM_TEST
+        # The preprocessing record (new in 1.1): the resumed run's checkpoints carry it, as the card does.
+        record = torch.load(last, map_location="cpu", weights_only=False)["preprocessing"]
+        assert record == card["input"]["preprocessing"]
+        assert record["image_size"] == 32 and record["resize"] == "stretch" and len(record["mean"]) == 3
+
+
+def test_a_checkpoint_without_the_preprocessing_record_reads_the_same_from_its_settings(tmp_path):
+    with tarfile.open(PREVIOUS_RELEASES["1.0.0"]) as runs:
+        runs.extractall(tmp_path, filter="data")
+    (last,) = tmp_path.glob("runs/cifar10/*/checkpoints/last.ckpt")
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert CHECKPOINT_KEY not in checkpoint  # written by 1.0.0
+    record = Preprocessing.of_checkpoint(checkpoint)
+    model = checkpoint["hyper_parameters"]
+    assert record == Preprocessing(32, "stretch", "bilinear", 1.0, tuple(model["mean"]), tuple(model["std"]))
+    assert record.resize_rule() == "each side scaled to 32 px (bilinear, antialiased)"

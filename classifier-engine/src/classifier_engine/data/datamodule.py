@@ -31,6 +31,7 @@ from .folder_size import MIXUP_FROM_IMAGES, batch_for, counted, cutmix_for, mixu
 from .image_files import Interpolation, Resize, centre_crop, load_image_folder
 from .interfaces import HeldOutImages
 from .loader import FirstBatchStartLoader, TrainerEpochSampler
+from .preprocessing import Preprocessing
 
 Storage = Literal["auto", "device", "memmap"]
 # "auto" keeps the data on a GPU when it takes at most this share of the GPU's free memory.
@@ -167,6 +168,9 @@ class ImageDataModule(L.LightningDataModule):
         self.resize: Resize = "crop"
         self.interpolation: Interpolation = "bilinear"  # how images are resized (as pretrained weights expect)
         self.crop_pct = 1.0  # the share of the shorter side a crop keeps
+        # True where nothing may be fetched (export.py reads the run's data as it is); a subclass that can download
+        # its data (CIFAR's archive) checks it in prepare_data.
+        self.offline = False
         self.class_counts: list[int] | None = None  # training images per class, when known before packing
         self.title = "images"  # how the data is named in messages
 
@@ -197,6 +201,11 @@ class ImageDataModule(L.LightningDataModule):
             output_size=self.image_size,
         )
 
+    def preprocessing(self) -> Preprocessing:
+        """How this DataModule makes an image the network's input: the record every checkpoint keeps."""
+        return Preprocessing(self.image_size, self.resize, self.interpolation, float(self.crop_pct),
+                             tuple(self.mean), tuple(self.std))  # fmt: skip
+
     def data_summary(self) -> str | None:
         """How many images each split has, of how many classes, at what size, from where."""
         if self.train_set is None or self.val_set is None:
@@ -206,7 +215,8 @@ class ImageDataModule(L.LightningDataModule):
             f"classes at {self.image_size} px ({self.title})"
         )
 
-    def _predicting_own_images(self) -> bool:
+    def predicting_own_images(self) -> bool:
+        """Whether ``predict`` runs on ``predict_dir`` (then a subclass needs none of its own data)."""
         return self.predict_dir is not None and self.trainer is not None and self.trainer.predicting
 
     def setup_own_predictions(self) -> None:

@@ -216,7 +216,7 @@ class ImageFolderDataModule(ImageDataModule):
 
     @override
     def prepare_data(self) -> None:
-        if self._predicting_own_images() or self._recorded_packed() is not None:
+        if self.predicting_own_images() or self._recorded_packed() is not None:
             return
         if self.found is None:
             where = (

@@ -173,7 +173,7 @@ class StreamedImageDataModule(ImageDataModule):
     @override
     def prepare_data(self) -> None:
         """Read the held-out splits once per machine into the cache (whole, or not at all)."""
-        if self._predicting_own_images():
+        if self.predicting_own_images():
             return
         for split in HELD_OUT:
             if split in self.record["counts"] and not self._held_out_path(split).is_dir():

@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from ..data import Fingerprinted, ImageDataModule
+from ..data.preprocessing import Preprocessing
 from ..foundation.errors import UsageError, UserError, exit_with, full_error_wanted, parse_error_line
 from ..foundation.files import NoSpaceError
 from ..foundation.process_lifetime import exit_when_launcher_dies
@@ -40,9 +41,6 @@ from .run_record import RunRecord
 from .summary import evaluation_summary, fit_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# Data settings an evaluation takes from the checkpoint: the images are made as in training, and the
-# classes are known without the training images (predicting a new folder needs only the checkpoint).
-TRAINED_DATA_SETTINGS = ("image_size", "resize", "class_names", "mean", "std", "interpolation", "crop_pct")
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
@@ -189,14 +187,14 @@ class TrainerCLI(LightningCLI):
         hparams.pop("_instantiator", None)
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
-        # The images are made as the model saw them in training (a model trained at 64 px is evaluated at 64 px).
+        # The images are made as the model saw them in training (its preprocessing record: a model trained at
+        # 64 px is evaluated at 64 px), and the classes are the model's (a new folder needs only the checkpoint).
         data = self.config[subcommand].data
-        # The classes and the normalization are the model's (resolved); the data records the rest.
-        resolved = {key: hparams.get(key) for key in ("class_names", "mean", "std")}
-        trained = {**stored.get("datamodule_hyper_parameters", {}), **resolved}
-        for key in TRAINED_DATA_SETTINGS:
-            if trained.get(key) is not None and data.get("init_args") is not None and key in data.init_args:
-                data.init_args[key] = trained[key]
+        record = Preprocessing.of_checkpoint(stored)
+        trained = {"class_names": hparams.get("class_names"), **(record.as_dict() if record else {})}
+        for key, value in trained.items():
+            if value is not None and data.get("init_args") is not None and key in data.init_args:
+                data.init_args[key] = value
 
     @override
     def before_instantiate_classes(self) -> None:

@@ -29,6 +29,7 @@ from ..foundation.errors import UsageError
 from .checkpoint_io import AtomicCheckpointIO
 from .divergence import DivergenceGuard
 from .loggers import class_of
+from .preprocessing_record import PreprocessingRecord
 from .random_state import RandomState
 from .rank_failure import RankFailureWatch
 from .resolution import CHECKPOINTS, LAST
@@ -85,10 +86,18 @@ class Safety:
         writers = [LastCheckpoint(run_dir)]
         if self.last_every_n_train_steps is not None:  # a second writer: ModelCheckpoint saves by epoch or by step
             writers.append(LastCheckpoint(run_dir, self.last_every_n_train_steps))
-        return [self.peers, self.stop, RandomState(), self.divergence, *writers]
+        return [self.peers, self.stop, RandomState(), PreprocessingRecord(), self.divergence, *writers]
 
 
-INSTALLED = (RankFailureWatch, StopOnSignal, RandomState, DivergenceGuard, LastCheckpoint, AtomicCheckpointIO)
+INSTALLED = (
+    RankFailureWatch,
+    StopOnSignal,
+    RandomState,
+    PreprocessingRecord,
+    DivergenceGuard,
+    LastCheckpoint,
+    AtomicCheckpointIO,
+)
 
 
 def as_list(value: Any) -> list[Any]:

@@ -83,8 +83,9 @@ class CifarDataModule(ImageDataModule):
 
     @override
     def prepare_data(self) -> None:
-        if not self._predicting_own_images():  # your own images need no archive
-            prepare(self.data_dir, self.format, download=self.download, verify_checksum=self.verify_checksum)
+        if not self.predicting_own_images():  # your own images need no archive
+            download = self.download and not self.offline  # export.py reads the archive that is there
+            prepare(self.data_dir, self.format, download=download, verify_checksum=self.verify_checksum)
 
     @override
     def setup(self, stage: str) -> None:

@@ -5,27 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ...data.preprocessing import Preprocessing
 from ...models.cost import ModelCost
 from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, ExportableClassifier
 from .evaluation import describe_parity
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
-
-
-RESIZE_RULES = {
-    "crop": "shorter side scaled to {scaled} px ({interpolation}, antialiased), then the centre {size}x{size} square",
-    "pad": "longer side scaled to {size} px ({interpolation}, antialiased), then padded with black to {size}x{size}",
-    "stretch": "each side scaled to {size} px ({interpolation}, antialiased)",
-}
-
-
-def resize_rule(checkpoint: dict, size: int) -> str:
-    """How an image of any size became the network's input in training (PIL, after EXIF rotation, as RGB)."""
-    settings = checkpoint.get("datamodule_hyper_parameters", {})
-    rule = settings.get("resize", "stretch" if "dataset" in settings else "crop")
-    interpolation, crop_pct = settings.get("interpolation") or "bilinear", settings.get("crop_pct") or 1.0
-    scaled = f"{size}" if crop_pct == 1 else f"{round(size / crop_pct)} ({size} / crop share {crop_pct})"
-    return RESIZE_RULES.get(rule, rule).format(size=size, scaled=scaled, interpolation=interpolation)
 
 
 def shipped_weights(checkpoint: dict) -> str:
@@ -61,6 +46,10 @@ def build_card(
 ) -> dict:
     """``artifacts``: per format, its file, runtime, size, parity and accuracy; ``eager``: PyTorch's accuracy."""
     hparams = model.hparams
+    # The record the checkpoint keeps (or, for one written without it, the same from the model's own settings).
+    record = Preprocessing.of_checkpoint(checkpoint) or Preprocessing(
+        hparams.image_size, "crop", "bilinear", 1.0, tuple(hparams.mean), tuple(hparams.std)
+    )
     tta = type(model.test_time_augmentation)
     run_tta = None if tta.__name__ == ONE_VIEW else tta.__name__  # the files compute one view: say so
     return {
@@ -68,12 +57,13 @@ def build_card(
         "input": {
             "name": INPUT_NAME,
             "dtype": "uint8",
-            "shape": ["batch", 3, hparams.image_size, hparams.image_size],
+            "shape": ["batch", 3, record.image_size, record.image_size],
             "layout": "NCHW, RGB channels, pixel values 0-255",
-            "resize": resize_rule(checkpoint, hparams.image_size),
+            "resize": record.resize_rule(),
             "normalization": "inside the graph: (pixels / 255 - mean) / std",
-            "mean": list(hparams.mean),
-            "std": list(hparams.std),
+            "mean": list(record.mean),
+            "std": list(record.std),
+            "preprocessing": record.as_dict(),
         },
         "output": {
             "name": OUTPUT_NAME,

@@ -5,8 +5,8 @@ every setting), its state is restored (e.g. which packed copy the run read and w
 held out), then it is prepared and set up for ``test``. So whichever DataModule a run trained with
 (CIFAR, a folder of images, a subclass of either, or your own ``ImageDataModule``), an export reads
 the images the run read, split as the run split them, through the ``EvaluationData`` protocol
-(``data/interfaces.py``). Nothing here knows a dataset by name. Export never downloads: a setting
-``download`` is turned off; missing data is one line that says which folder to pass.
+(``data/interfaces.py``). Nothing here knows a dataset by name. Export never downloads: the DataModule is
+``offline``; missing data is one line that says which folder to pass.
 """
 
 from __future__ import annotations
@@ -85,14 +85,12 @@ def load_run_data(
     ``purpose`` says in an error what the images were wanted for.
     """
     cls = datamodule_class(checkpoint)
-    settings = checkpoint["datamodule_hyper_parameters"]
     accepted = accepted_arguments(cls)
     overrides: dict[str, Any] = {"class_names": list(class_names)} if "class_names" in accepted else {}
-    if "download" in settings:
-        overrides["download"] = False
     without = "" if purpose.startswith("int8") else " (or --eval_limit 0 to export without measuring)"
     try:
         datamodule = cls.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True, **overrides)
+        datamodule.offline = True
         if data_dir is not None:
             datamodule.use_data_dir(data_dir)
         datamodule.prepare_data()
