@@ -65,11 +65,33 @@ def test_the_cpu_lock_is_the_lock_without_cuda(project):
         assert [str(r.specifier) for r in elsewhere] == [f"=={version}"]
 
 
+@pytest.fixture(scope="module")
+def lock_with_built_library(project, tmp_path_factory) -> Path:
+    """The lock with classifier-engine as its built wheel (pure Python) in place of its source folder.
+
+    ``--only-binary :all:`` below refuses to build anything, the library included: its wheel is what every
+    platform installs.
+    """
+    from .conftest import TEMPLATE
+
+    dist = tmp_path_factory.mktemp("dist")
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)]
+    subprocess.run([*build, str(TEMPLATE / "classifier-engine")], check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("classifier_engine-*-py3-none-any.whl")
+    lines = (project / "constraints.txt").read_text().splitlines()
+    source = [index for index, line in enumerate(lines) if line.startswith("classifier-engine @ ")]
+    assert len(source) == 1
+    lines[source[0]] = f"classifier-engine @ {wheel.as_uri()}"
+    lock = dist / "constraints.txt"
+    lock.write_text("\n".join(lines) + "\n")
+    return lock
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 @pytest.mark.parametrize("python", CLAIMED_PYTHONS)
-def test_the_lock_resolves_for_every_claimed_python_and_system(project, python, target):
+def test_the_lock_resolves_for_every_claimed_python_and_system(project, lock_with_built_library, python, target):
     command = [sys.executable, "-m", "uv", "pip", "compile", "pyproject.toml", "--extra", "dev"]
-    command += ["-c", "constraints.txt", "--python-version", python, "--python-platform", TARGETS[target]]
+    command += ["-c", str(lock_with_built_library), "--python-version", python, "--python-platform", TARGETS[target]]
     command += ["--only-binary", ":all:", "--no-header", "--quiet", "--output-file", os.devnull]
     env = {**os.environ, "MACOSX_DEPLOYMENT_TARGET": "14.0"}
     result = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=600, env=env)

@@ -1,0 +1,225 @@
+"""``test`` writes ``report.html`` beside its logs: per-class figures, confusion matrix, most confident mistakes."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchvision.utils import make_grid
+from typing_extensions import override
+
+from ..data.interfaces import HeldOutImages
+from ..foundation import html_page
+from ..foundation.files import Partial
+from ..models.class_activation import activation_layer, class_activation_maps, overlaid
+from .report_tables import ClassFigures, confident_mistakes, confusion_counts, per_class, top_k_accuracy
+from .tensorboard import tensorboard_writers
+
+SHOWN_CONFUSION_CLASSES = 40  # a larger matrix is unreadable as a table; per_class.csv still has every class
+
+
+class EvaluationReport(L.Callback):
+    """After ``test``: ``report.html``, ``per_class.csv`` and ``mistakes.csv`` in the test run's folder.
+
+    The page is one file with its images embedded: the headline figures; per class its precision,
+    recall, F1, support and the class it is most often taken for; the confusion matrix; and the
+    ``mistakes`` wrong answers given with the highest probability, each as the network saw it, beside
+    a Grad-CAM map of where it looked for the class it chose (``models/class_activation.py``), with
+    the true and predicted class, their probabilities and the image's file. The gallery and the
+    per-class table also go to TensorBoard. The images come from the DataModule's ``held_out_images``
+    (the split ``test`` reads); under DDP the ranks' shares are gathered first. Every file is written
+    whole or not at all, and a failed evaluation writes none.
+    """
+
+    def __init__(self, mistakes: int = 24, overlays: bool = True) -> None:
+        """Configure the report.
+
+        Args:
+            mistakes: How many of the most confident mistakes the gallery shows.
+            overlays: Draw where the network looked (Grad-CAM) beside each mistake.
+        """
+        self.mistakes = mistakes
+        self.overlays = overlays
+        self.probabilities: list[np.ndarray] = []
+        self.labels: list[np.ndarray] = []
+        self.path: Path | None = None
+
+    @override
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.probabilities, self.labels = [], []
+
+    @override
+    def on_test_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        self.probabilities.append(outputs.float().softmax(dim=-1).cpu().numpy())
+        self.labels.append(batch[1].cpu().numpy())
+
+    @override
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        probabilities, labels = self._gathered(trainer)
+        folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective call: every rank makes it
+        if not trainer.is_global_zero or not len(labels):
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        class_names = list(getattr(pl_module, "class_names", None) or range(probabilities.shape[1]))
+        predicted = probabilities.argmax(axis=1)
+        confusion = confusion_counts(labels, predicted, len(class_names))
+        classes = per_class(confusion, [str(name) for name in class_names])
+        shown = confident_mistakes(probabilities, labels, self.mistakes)
+        held_out, why_no_images = self._images(trainer, labels)
+        names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
+        gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, predicted)
+        root = getattr(trainer.datamodule, "image_dir", None)
+        paths = [str(Path(root, name)) if root and held_out is not None else name for name in names]
+        with Partial(folder / "per_class.csv") as path:
+            write_per_class(path, classes)
+        with Partial(folder / "mistakes.csv") as path:
+            write_mistakes(path, shown, labels, predicted, probabilities, class_names, paths)
+        headline = {
+            "images": len(labels),
+            "top-1": f"{100 * top_k_accuracy(probabilities, labels, 1):.2f} %",
+            "top-5": f"{100 * top_k_accuracy(probabilities, labels, 5):.2f} %",
+            "split": held_out.split if held_out is not None else "test",
+            "data": held_out.dataset if held_out is not None else type(trainer.datamodule).__name__,
+            "checkpoint": str(trainer.ckpt_path or "the model as it is"),
+        }
+        page = report_page(headline, classes, confusion, class_names, shown, labels, predicted, probabilities,
+                           paths, gallery, why_no_images or why_no_overlays)  # fmt: skip
+        with Partial(folder / "report.html") as path:
+            path.write_text(page, encoding="utf-8")
+        self.path = folder / "report.html"
+        self._to_tensorboard(trainer, classes, gallery)  # main.py's closing lines name the report
+
+    def _gathered(self, trainer: L.Trainer) -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's probabilities and labels, in the split's order, on rank 0 (others get what they hold)."""
+        probabilities = np.concatenate(self.probabilities) if self.probabilities else np.zeros((0, 1), np.float32)
+        labels = np.concatenate(self.labels) if self.labels else np.zeros(0, np.int64)
+        if trainer.world_size == 1 or not dist.is_initialized():
+            return probabilities, labels
+        shares: list[Any] = [None] * trainer.world_size
+        dist.all_gather_object(shares, (probabilities, labels))
+        # The test sampler deals the split round-robin (UnrepeatedDistributedSampler): image i is on rank i % W.
+        total, world = sum(len(share[1]) for share in shares), trainer.world_size
+        order = np.concatenate([np.arange(rank, total, world) for rank in range(world)])
+        gathered_p, gathered_l = np.empty((total, probabilities.shape[1]), np.float32), np.empty(total, np.int64)
+        gathered_p[order] = np.concatenate([share[0] for share in shares])
+        gathered_l[order] = np.concatenate([share[1] for share in shares])
+        return gathered_p, gathered_l
+
+    @staticmethod
+    def _images(trainer: L.Trainer, labels: np.ndarray) -> tuple[HeldOutImages | None, str]:
+        data = trainer.datamodule
+        if not callable(getattr(data, "held_out_images", None)):
+            return None, f"no pictures: {type(data).__name__} does not hand out its images (held_out_images)"
+        held_out = data.held_out_images()
+        if not np.array_equal(np.asarray(held_out.labels), labels):
+            return None, "no pictures: the DataModule's held-out images are not the ones test read"
+        return held_out, ""
+
+    def _gallery(
+        self, pl_module: L.LightningModule, held_out: HeldOutImages | None, shown: np.ndarray, predicted: np.ndarray
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray | None]], str]:
+        """(image as seen (S, S, 3), overlay or None) per mistake shown, and why there are no overlays, if so."""
+        if held_out is None or not len(shown):
+            return [], ""
+        in_file_order = np.sort(shown)  # a memory map is read in file order, then put back in rank order
+        images = np.asarray(held_out.images[in_file_order])[np.searchsorted(in_file_order, shown)]
+        seen = images.transpose(0, 2, 3, 1)
+        if not self.overlays:
+            return [(image, None) for image in seen], "overlays are off (EvaluationReport.overlays)"
+        layer, name_or_reason = activation_layer(pl_module.backbone, int(pl_module.hparams.image_size))
+        if layer is None:
+            return [(image, None) for image in seen], f"no overlays: {name_or_reason}"
+        network = pl_module.network().eval()
+        maps = class_activation_maps(network, layer, images, predicted[shown])
+        return list(zip(seen, overlaid(images, maps), strict=True)), ""
+
+    @staticmethod
+    def _to_tensorboard(trainer: L.Trainer, classes: list[ClassFigures], gallery: list) -> None:
+        writers = tensorboard_writers(trainer, EvaluationReport, "the report's gallery and table")
+        rows = ["| class | precision | recall | F1 | support | most confused with |", "|---|---|---|---|---|---|"]
+        rows += [f"| {c.name} | {c.precision:.3f} | {c.recall:.3f} | {c.f1:.3f} | {c.support} | {c.confused_with} |"
+                 for c in classes]  # fmt: skip
+        pictures = [
+            torch.from_numpy(np.ascontiguousarray(picture)).permute(2, 0, 1)
+            for pair in gallery
+            for picture in pair
+            if picture is not None
+        ]
+        for writer in writers:
+            writer.add_text("test/per_class", "\n".join(rows), trainer.global_step)
+            if pictures:
+                per_row = 2 if gallery[0][1] is not None else 1
+                grid = make_grid(pictures, nrow=8 * per_row, padding=2)
+                writer.add_image("test/confident_mistakes", grid, trainer.global_step)
+            writer.flush()
+
+
+def write_per_class(path: Path, classes: list[ClassFigures]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["class", "precision", "recall", "f1", "support", "most_confused_with", "confused_share"])
+        for c in classes:
+            writer.writerow([c.name, f"{c.precision:.4f}", f"{c.recall:.4f}", f"{c.f1:.4f}", c.support,
+                             c.confused_with, f"{c.confused_share:.4f}"])  # fmt: skip
+
+
+def write_mistakes(path: Path, shown, labels, predicted, probabilities, class_names, paths) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["rank", "image", "true", "predicted", "p_predicted", "p_true"])
+        for rank, index in enumerate(shown, start=1):
+            writer.writerow([rank, paths[index], class_names[labels[index]], class_names[predicted[index]],
+                             f"{probabilities[index, predicted[index]]:.4f}",
+                             f"{probabilities[index, labels[index]]:.4f}"])  # fmt: skip
+
+
+def report_page(headline, classes, confusion, class_names, shown, labels, predicted, probabilities, paths, gallery,
+                note) -> str:  # fmt: skip
+    """The report as one HTML document."""
+    sections = [("Summary", html_page.table(None, list(headline.items()), text_columns=2))]
+    worst_first = sorted(classes, key=lambda c: (c.f1, c.name))
+    sections.append((
+        "Per class (worst F1 first)",
+        html_page.table(
+            ["class", "precision", "recall", "F1", "support", "most confused with", "share"],
+            [(c.name, f"{c.precision:.3f}", f"{c.recall:.3f}", f"{c.f1:.3f}", c.support, c.confused_with or "-",
+              f"{100 * c.confused_share:.1f} %") for c in worst_first],
+        ),
+    ))  # fmt: skip
+    if len(class_names) <= SHOWN_CONFUSION_CLASSES:
+        share = confusion / np.maximum(confusion.sum(axis=1, keepdims=True), 1)
+        rows = [(str(name), *confusion[k].tolist()) for k, name in enumerate(class_names)]
+        matrix = html_page.table(["true \\ predicted", *map(str, class_names)], rows, shades=share)
+    else:
+        matrix = html_page.paragraph(f"{len(class_names)} classes: too many to show; see per_class.csv.", note=True)
+    sections.append(("Confusion matrix (rows: true class, shaded by share of the row)", matrix))
+    figures = []
+    for (seen, overlay), index in zip(gallery, shown, strict=False):
+        pictures = [html_page.image(seen, "as the network saw it")]
+        if overlay is not None:
+            pictures.append(html_page.image(overlay, "where it looked"))
+        figures.append(html_page.figure(pictures, [
+            f"true: {class_names[labels[index]]} (p = {probabilities[index, labels[index]]:.3f})",
+            f"predicted: {class_names[predicted[index]]} (p = {probabilities[index, predicted[index]]:.3f})",
+            paths[index],
+        ]))  # fmt: skip
+    body = f'<div class="gallery">{"".join(figures)}</div>' if figures else ""
+    if not len(shown):
+        body = html_page.paragraph("No mistakes.")
+    elif not figures:
+        body = html_page.table(["image", "true", "predicted", "p"], [
+            (paths[i], class_names[labels[i]], class_names[predicted[i]], f"{probabilities[i, predicted[i]]:.3f}")
+            for i in shown])  # fmt: skip
+    if note:
+        body = html_page.paragraph(note, note=True) + body
+    title = f"The {len(shown)} most confident mistakes (left: the image as seen; right: where it looked)"
+    sections.append((title if len(shown) else "Mistakes", body))
+    return html_page.page("Evaluation report", sections)

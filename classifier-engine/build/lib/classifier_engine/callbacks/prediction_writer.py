@@ -1,0 +1,99 @@
+"""``predict`` writes ``predictions.csv`` in its run folder: one row per image, its top class and the top 5."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import BasePredictionWriter
+from torch import Tensor
+from typing_extensions import override
+
+from ..data.interfaces import PredictionNames
+from ..foundation.files import Partial
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Rows ``image, predicted, probability, top5`` (``top5`` as ``name:probability`` pairs), written per batch.
+
+    ``image`` is the test-set index, or the file's path inside ``data.predict_dir``. The file is
+    written under a temporary name and renamed when prediction ends, so a stopped run leaves no
+    half file. Under DDP each rank writes ``predictions-rank<N>.csv`` for its disjoint share.
+    """
+
+    def __init__(self, filename: str = "predictions.csv", top_k: int = 5) -> None:
+        """Configure the file.
+
+        Args:
+            filename: Name of the CSV file in the predict run's folder.
+            top_k: How many of the most probable classes each row lists.
+        """
+        super().__init__(write_interval="batch")
+        self.filename = filename
+        self.top_k = top_k
+        self.path: Path | None = None
+        self._handle = None
+        self._writer = None
+        self._partial: Partial | None = None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "predict":
+            return
+        log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # a collective call: every rank makes it
+        name = self.filename if trainer.world_size == 1 else f"{Path(self.filename).stem}-rank{trainer.global_rank}.csv"
+        self.path = log_dir / name
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._partial = Partial(self.path)
+        self._handle = open(self._partial.path, "w", newline="")  # noqa: SIM115 (closed in on_predict_end/teardown)
+        self._writer = csv.writer(self._handle)
+        self._writer.writerow(["image", "predicted", "probability", f"top{self.top_k}"])
+
+    @override
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: Tensor,
+        batch_indices: Sequence[int] | None,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        data = trainer.datamodule
+        name = data.predict_name if isinstance(data, PredictionNames) else str
+        class_names = getattr(pl_module, "class_names", None) or [str(i) for i in range(prediction.shape[-1])]
+        probabilities, classes = prediction.float().topk(min(self.top_k, prediction.shape[-1]), dim=-1)
+        indices = batch_indices if batch_indices is not None else range(len(prediction))
+        try:
+            for index, top_p, top_c in zip(indices, probabilities.tolist(), classes.tolist(), strict=True):
+                image = name(index)
+                top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(top_c, top_p, strict=True))
+                self._writer.writerow([image, class_names[top_c[0]], f"{top_p[0]:.4f}", top])
+        except OSError as error:  # a full disk: say so, and leave no partial file
+            with contextlib.suppress(OSError):  # the buffered rows cannot be written either
+                self._close()
+            self._partial.discard_after(error)
+            raise
+
+    @override
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._handle is not None:
+            with self._partial:  # committed once complete; a full disk at the last flush is NoSpaceError
+                self._close()
+            print(f"Predictions: {self.path}")
+
+    def _close(self) -> None:
+        handle, self._handle = self._handle, None
+        handle.close()
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._handle is not None:  # prediction did not end: leave nothing behind
+            with contextlib.suppress(OSError):  # rows that could not be written are discarded anyway
+                self._close()
+            self._partial.discard()

@@ -1,0 +1,341 @@
+"""Your own labelled images (class folders, split folders, a CSV list or arrays) on the same fast path as CIFAR.
+
+The first ``fit`` decodes every image once, at ``image_size`` by the ``resize`` rule, into a
+packed copy under ``cache_dir`` (``packing.py``); every later command reuses it until
+an image or a packing setting changes. Validation and test images are held out by a seeded
+split, stratified by class, unless the source gives its own ``val``/``test`` splits. A checkpoint
+records the packed copy and the rows held out, so a rebuilt DataModule (``export.py``) reads the
+images the run trained on, split as the run split them, even where the image folder is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from ..foundation.errors import check_choice
+from ..foundation.files import writable
+from .datamodule import ImageDataModule
+from .dataset import MemmapBatches
+from .errors import DataError, DataSettingError
+from .image_files import Interpolation, Resize
+from .image_sources import LabelledImages, find_images
+from .packing import (
+    IMBALANCE_RATIO,
+    PackedImages,
+    PackSettings,
+    class_table,
+    imbalance,
+    manifest_digest,
+    open_packed,
+    pack,
+    packed_folder,
+    packed_read_only,
+)
+
+# ImageNet's statistics: close to those of most photo collections, and what pretrained weights expect.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BadImagePolicy = Literal["skip", "error"]
+_found: dict[str, LabelledImages] = {}  # one walk of a folder per process (the CLI's fingerprint, then the module)
+
+
+def labelled_images(image_dir: str | Path) -> LabelledImages:
+    key = str(Path(image_dir).expanduser().resolve())
+    if key not in _found:
+        _found[key] = find_images(Path(key))
+    return _found[key]
+
+
+def stratified_split(labels: np.ndarray, fractions: tuple[float, float], seed: int) -> tuple[np.ndarray, ...]:
+    """Row indices (train, val, test): each class split by ``fractions`` (val, test), seeded; one always trains.
+
+    A class with at least two images gives at least one to each share asked for, so every class is validated.
+    """
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[], [], []]
+    for label in np.unique(labels):
+        rows = rng.permutation(np.flatnonzero(labels == label))
+        counts = [round(share * len(rows)) for share in fractions]
+        counts = [
+            max(count, 1) if share > 0 and len(rows) > sum(counts) else count
+            for count, share in zip(counts, fractions, strict=True)
+        ]
+        while sum(counts) >= len(rows) and sum(counts) > 0:  # keep one to train on: take from test first
+            last = max(index for index, count in enumerate(counts) if count > 0)
+            counts[last] -= 1
+        val_end = counts[0]
+        test_end = val_end + counts[1]
+        parts[1].append(rows[:val_end])
+        parts[2].append(rows[val_end:test_end])
+        parts[0].append(rows[test_end:])
+    return tuple(np.sort(np.concatenate(part)) if part else np.zeros(0, np.int64) for part in parts)
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Batches of your own images as uint8 (N, 3, image_size, image_size) tensors, packed once."""
+
+    def __init__(
+        self,
+        image_dir: str = "data/images",
+        image_size: int = 64,
+        resize: Resize = "crop",
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.0,
+        split_seed: int = 0,
+        cache_dir: str = "data/packed",
+        on_bad_image: BadImagePolicy = "skip",
+        pack_workers: int | None = None,
+        class_names: list[str] | None = None,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        interpolation: Interpolation | None = None,
+        crop_pct: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Configure the data.
+
+        Args:
+            image_dir: Folder of class folders (<class>/*.jpg), of train/val/test split folders, of .npy arrays
+                (images.npy, labels.npy), or a .csv list of path,label rows.
+            image_size: Side in pixels of the square images the network sees (every image is resized once, when packed).
+            resize: How an image becomes a square: crop (shorter side to image_size, centre cut), pad (longer side
+                to image_size, black borders) or stretch.
+            val_fraction: Share of each class's training images held out for validation (when no val split is given).
+            test_fraction: Share of each class's training images held out for testing (when no test split is
+                given); with 0, test reads the validation images.
+            split_seed: Seed of the fixed, stratified held-out split (independent of the run's seed).
+            cache_dir: Folder of packed copies (one per source and packing settings; image_dir is never written).
+            on_bad_image: What an unreadable, truncated or empty image does: skip (left out, listed beside the
+                packed copy) or error (the first one stops packing).
+            pack_workers: Processes decoding images while packing; default: one per CPU core.
+            class_names: The classes, where image_dir is not at hand (predict on a folder, or export, with a
+                checkpoint: they are taken from it); by default the class folders' names.
+            mean: Per-channel mean the network normalizes with; null: what the network's pretrained weights
+                expect (model.backbone's), else ImageNet's.
+            std: Per-channel standard deviation, as mean.
+            interpolation: How images are resized when packed (bilinear or bicubic); null: as the network's weights
+                expect, else bilinear.
+            crop_pct: With resize crop, the share of the shorter side kept (pretrained weights' evaluation crop:
+                the shorter side to image_size / crop_pct, then the centre); null: as the weights expect, else 1.
+            **kwargs: How batches are served and augmented (``ImageDataModule``).
+        """
+        super().__init__(**kwargs)
+        check_choice("data.resize", resize, Resize)
+        check_choice("data.on_bad_image", on_bad_image, BadImagePolicy)
+        if interpolation is not None:
+            check_choice("data.interpolation", interpolation, Interpolation)
+        if crop_pct is not None and not 0.5 <= crop_pct <= 1:
+            raise ValueError(f"data.crop_pct must be a share between 0.5 and 1, got {crop_pct}")
+        if not 8 <= image_size <= 1024:
+            raise ValueError(f"data.image_size must be between 8 and 1024 pixels, got {image_size}")
+        if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"data.val_fraction and data.test_fraction must be shares in [0, 1) that leave images to train on, "
+                f"got {val_fraction} and {test_fraction}"
+            )
+        self.image_dir = Path(image_dir).expanduser()
+        self.image_size = image_size
+        self.resize = resize
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.split_seed = split_seed
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.on_bad_image = on_bad_image
+        self.pack_workers = pack_workers
+        self.mean = tuple(mean) if mean is not None else IMAGENET_MEAN
+        self.std = tuple(std) if std is not None else IMAGENET_STD
+        self.interpolation: Interpolation = interpolation or "bilinear"
+        self.crop_pct = crop_pct or 1.0
+        self.title = f"images of {self.image_dir}"
+        self.packed: PackedImages | None = None
+        self.tests_on_validation_set = False
+        self.held_out_rows: dict[str, np.ndarray] = {}  # rows of the packed training images held out (val, test)
+        self.rows_of: str | None = None  # the packed copy (its folder name: the manifest's digest) the rows index
+        self.recorded_copy: Path | None = None  # the packed copy a checkpoint names (or export.py --data_dir)
+        self.found: LabelledImages | None = None
+        if class_names and not self.image_dir.exists():
+            # A trained model's data without its image folder (predict a new folder, export from the packed
+            # copy the checkpoint names): the classes are all the constructor needs.
+            self.class_names = list(class_names)
+            return
+        self.found = labelled_images(self.image_dir)
+        self.class_names = list(self.found.class_names)
+        if class_names and list(class_names) != self.class_names:
+            raise DataSettingError(
+                f"data.image_dir={self.image_dir} has the classes {self.class_names[:5]}..., the model was trained "
+                f"on {list(class_names)[:5]}...; point data.image_dir at the images the model was trained on"
+            )
+        self.class_counts = self.found.class_counts("train")
+        if val_fraction == 0 and "val" not in self.found.splits:
+            raise ValueError(
+                f"data.val_fraction is 0 and {self.image_dir} has no val split, so nothing would be validated; "
+                "set data.val_fraction (e.g. 0.1)"
+            )
+
+    @property
+    def settings(self) -> PackSettings:
+        return PackSettings(self.image_size, self.resize, self.interpolation, self.crop_pct)
+
+    @classmethod
+    def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
+        """The manifest's digest (every image's path, size and time, and the packing settings): what is trained on."""
+        if stage == "predict" and settings.get("predict_dir"):
+            return f"images:{settings['predict_dir']}"
+        found = labelled_images(settings.get("image_dir", "data/images"))
+        pack_settings = PackSettings(
+            int(settings.get("image_size", 64)),
+            settings.get("resize", "crop"),
+            settings.get("interpolation") or "bilinear",
+            settings.get("crop_pct") or 1.0,
+        )
+        cache_dir = Path(settings.get("cache_dir", "data/packed")).expanduser()
+        if not writable(cache_dir):  # refused before anything is built, unless a whole copy is there to read
+            packed_read_only(cache_dir, found, pack_settings)
+        return f"images:{manifest_digest(found, pack_settings)}"
+
+    @override
+    def use_data_dir(self, folder: Path) -> None:
+        """Read the packed copy in ``folder`` (a folder under ``cache_dir``) instead of the one the run recorded."""
+        folder = Path(folder).expanduser()
+        if open_packed(folder) is None:
+            raise DataError(
+                f"{folder} holds no whole packed copy of images; pass a folder under data.cache_dir that fit packed"
+            )
+        self.recorded_copy = folder
+
+    def _recorded_packed(self) -> PackedImages | None:
+        """The packed copy the checkpoint (or ``use_data_dir``) names, if it is whole."""
+        return open_packed(self.recorded_copy) if self.recorded_copy is not None else None
+
+    @override
+    def prepare_data(self) -> None:
+        if self.predicting_own_images() or self._recorded_packed() is not None:
+            return
+        if self.found is None:
+            where = (
+                f"the packed copy {self.recorded_copy} is not whole either" if self.recorded_copy else "no packed copy"
+            )
+            raise DataError(
+                f"data.image_dir {self.image_dir} does not exist and {where}; point data.image_dir at the images, "
+                "or pass the packed copy (a folder under data.cache_dir)"
+            )
+        packed = pack(
+            self.found, self.settings, self.cache_dir, workers=self.pack_workers, on_bad_image=self.on_bad_image
+        )
+        rank_zero_info(f"Data: images per class and split\n{class_table(packed)}")
+        train_counts = packed.meta["class_counts"]["train"]
+        ratio = imbalance(train_counts)
+        if ratio >= IMBALANCE_RATIO:
+            rank_zero_info(
+                f"Warning: the classes are strongly imbalanced ({max(train_counts)} training images in the largest, "
+                f"{min(train_counts)} in the smallest); model.balanced_loss: true weighs each class equally"
+            )
+
+    @override
+    def setup(self, stage: str) -> None:
+        if stage == "predict" and self.predict_dir is not None:
+            self.setup_own_predictions()
+            return
+        packed = self._recorded_packed()
+        if packed is None and self.found is not None:
+            packed = open_packed(packed_folder(self.cache_dir, self.found, self.settings))
+        if packed is None:
+            raise DataError(f"no packed copy of {self.image_dir} in {self.cache_dir}; prepare_data() must run first")
+        if packed.class_names != self.class_names:
+            raise DataSettingError(
+                f"the packed copy {packed.root} has other classes than data.class_names ({packed.class_names[:3]}... "
+                f"vs {self.class_names[:3]}...); pass the packed copy of the images the model was trained on"
+            )
+        self.packed = packed
+        train_split = packed.split("train")
+        labels = np.load(train_split.labels)
+        given_val, given_test = "val" in packed.splits, "test" in packed.splits
+        train_rows, val_rows, test_rows = self._split_rows(packed, labels, given_val, given_test)
+        self.held_out_rows = {"val": val_rows, "test": test_rows}
+        train = MemmapBatches(train_split.images, train_split.labels, train_rows, with_ids=True)
+        val = (
+            self._split(packed, "val") if given_val else MemmapBatches(train_split.images, train_split.labels, val_rows)
+        )
+        if given_test:
+            test = self._split(packed, "test")
+        elif len(test_rows):
+            test = MemmapBatches(train_split.images, train_split.labels, test_rows)
+        else:
+            test = val
+        self.tests_on_validation_set = test is val
+        if len(val) == 0:
+            raise DataSettingError(
+                f"{self.image_dir}: no image is left for validation; add images or raise data.val_fraction"
+            )
+        self.serve(stage, train, val, test)
+        self.predict_names = self.image_names(test)
+        if stage in ("test", "predict") and self.tests_on_validation_set:
+            rank_zero_info("Data: no test split (data.test_fraction is 0): test and predict read the validation images")
+
+    def _split_rows(
+        self, packed: PackedImages, labels: np.ndarray, given_val: bool, given_test: bool
+    ) -> tuple[np.ndarray, ...]:
+        """Rows of the packed training images to train on, validate on and test on.
+
+        As the checkpoint recorded them for this copy of the images (the split is never derived again
+        for a trained run), else by the seeded, stratified split.
+        """
+        if self.held_out_rows and self.rows_of == packed.root.name:
+            val_rows, test_rows = self.held_out_rows["val"], self.held_out_rows["test"]
+            train_rows = np.setdiff1d(np.arange(len(labels)), np.concatenate([val_rows, test_rows]))
+            return train_rows, val_rows, test_rows
+        fractions = (0.0 if given_val else self.val_fraction, 0.0 if given_test else self.test_fraction)
+        return self.split(labels, fractions)
+
+    def split(self, labels: np.ndarray, fractions: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows (train, val, test) of a new run's packed training images, ``fractions`` being (val, test) shares.
+
+        Seeded by ``split_seed`` and stratified by class; a subclass may split otherwise (by photographer, by
+        date, ...). A trained run never splits again: its checkpoint records the rows it held out.
+        """
+        return stratified_split(labels, fractions, self.split_seed)
+
+    @override
+    def image_names(self, split: MemmapBatches) -> list[str]:
+        """Each image's file, relative to ``image_dir`` (its key in the packed copy)."""
+        if self.packed is None:
+            return super().image_names(split)
+        keys = self.packed.keys(split.paths[0].name.removesuffix("_images.npy"))
+        return [keys[row] for row in (split.indices if split.indices is not None else range(len(split)))]
+
+    @staticmethod
+    def _split(packed: PackedImages, name: str) -> MemmapBatches:
+        split = packed.split(name)
+        return MemmapBatches(split.images, split.labels)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Which packed copy the run read, which split tests, and the rows held out of the training images."""
+        if self.packed is None:
+            return {}
+        test_split = "val" if self.tests_on_validation_set else "test"
+        rows = {name: torch.from_numpy(np.asarray(value, dtype=np.int64)) for name, value in self.held_out_rows.items()}
+        return {"packed_copy": str(self.packed.root.resolve()), "test_split": test_split, "held_out_rows": rows}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The recorded packed copy and split, read by a DataModule rebuilt from the checkpoint before its setup.
+
+        A resumed fit restores the state after its setup, from the same images split the same way (the
+        run's identity holds the manifest and the split settings), so nothing changes there.
+        """
+        if "packed_copy" not in state_dict:
+            return
+        if self.recorded_copy is None:
+            self.recorded_copy = Path(state_dict["packed_copy"])
+        rows = state_dict.get("held_out_rows")
+        if rows is not None:  # checkpoints of earlier releases recorded no rows: the split is derived as they did
+            self.held_out_rows = {name: value.numpy() for name, value in rows.items()}
+            self.rows_of = Path(state_dict["packed_copy"]).name

@@ -1,0 +1,71 @@
+"""How an image becomes the network's input, as one record the trained model keeps (as timm's ``pretrained_cfg``).
+
+The DataModule that trained the model states it (``ImageDataModule.preprocessing``), every checkpoint carries
+it under ``"preprocessing"``, and whatever later reads the model takes it from there: ``validate``, ``test``
+and ``predict`` make their images by it, ``export.py`` writes it into the model card, and an application
+that loads the exported file resizes and normalizes by it. A checkpoint written before the record existed
+(classifier-engine 1.0) gives the same values from the DataModule's and the model's saved settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .image_files import Interpolation, Resize
+
+CHECKPOINT_KEY = "preprocessing"
+RESIZE_RULES = {
+    "crop": "shorter side scaled to {scaled} px ({interpolation}, antialiased), then the centre {size}x{size} square",
+    "pad": "longer side scaled to {size} px ({interpolation}, antialiased), then padded with black to {size}x{size}",
+    "stretch": "each side scaled to {size} px ({interpolation}, antialiased)",
+}
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Side, resize rule, interpolation, crop share, and the normalization inside the network."""
+
+    image_size: int
+    resize: Resize
+    interpolation: Interpolation
+    crop_pct: float
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "mean": list(self.mean), "std": list(self.std)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Preprocessing:
+        known = {field.name: values[field.name] for field in fields(cls)}
+        return cls(**{**known, "mean": tuple(known["mean"]), "std": tuple(known["std"])})
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: dict[str, Any]) -> Preprocessing | None:
+        """The checkpoint's record; for a checkpoint written before it existed, the same from its saved settings.
+
+        None when neither says it (a checkpoint not written by ``main.py fit``).
+        """
+        if CHECKPOINT_KEY in checkpoint:
+            return cls.from_dict(checkpoint[CHECKPOINT_KEY])
+        data, model = checkpoint.get("datamodule_hyper_parameters", {}), checkpoint.get("hyper_parameters", {})
+        size = model.get("image_size") or data.get("image_size")
+        if size is None or model.get("mean") is None or model.get("std") is None:
+            return None
+        return cls(
+            image_size=int(size),
+            # 1.0's CIFAR DataModule did not save its rule (stretch: CIFAR's images were made so); the others did.
+            resize=data.get("resize") or ("stretch" if "dataset" in data else "crop"),
+            interpolation=data.get("interpolation") or "bilinear",
+            crop_pct=float(data.get("crop_pct") or 1.0),
+            mean=tuple(model["mean"]),
+            std=tuple(model["std"]),
+        )
+
+    def resize_rule(self) -> str:
+        """In words: how an image of any size became the network's input (PIL, after EXIF rotation, as RGB)."""
+        size, share = self.image_size, self.crop_pct
+        scaled = f"{size}" if share == 1 else f"{round(size / share)} ({size} / crop share {share})"
+        rule = RESIZE_RULES.get(self.resize, self.resize)
+        return rule.format(size=size, scaled=scaled, interpolation=self.interpolation)

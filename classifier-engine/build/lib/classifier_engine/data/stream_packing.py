@@ -1,0 +1,227 @@
+"""Pack labelled images into a litdata dataset in object storage (or a folder), on one machine or many.
+
+``pack.py`` lists the images as ``fit`` would (``image_sources.py``), holds out validation and
+test images by the same seeded, stratified split, and hands litdata's ``optimize()`` groups of a
+few images each: one item holds ``images_per_item`` images, because litdata's cost per item
+dwarfs a small image's (docs/benchmarks.md). Each split becomes a litdata dataset under
+``<output>/<split>/``; ``dataset.json``, written last, says what the whole is (classes, sizes,
+the manifest's digest), so a reader never takes a half-written dataset for a whole one.
+
+Across machines every node lists the same images and packs the groups litdata deals it
+(``DATA_OPTIMIZER_NUM_NODES`` / ``DATA_OPTIMIZER_NODE_RANK``); the last node merges the index files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DataError, DataSettingError
+from .image_sources import Entry, LabelledImages
+from .object_store import configure_store_client, is_remote, join, store_error, write_text
+from .packing import PackSettings, decode_task, manifest_digest
+from .stream_format import DATASET_FILE, SPLITS, STREAM_FORMAT_VERSION, read_record
+
+ITEM_BYTES = 2**17  # about 128 KiB of pixels per item by default (16 images at 48 px, 3 at 112 px, 1 from 208 px)
+CHUNK_BYTES = "64MB"  # litdata's default chunk: large enough for object storage, small enough to cache many
+NODE_WAIT_SECONDS = 2.0
+
+
+def default_images_per_item(side: int) -> int:
+    """About ``ITEM_BYTES`` of pixels, rounded down to a power of two: the usual batch sizes are multiples of it."""
+    fitting = max(1, min(64, ITEM_BYTES // (3 * side * side)))
+    return 1 << (fitting.bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Group:
+    """The images of one item: each with its id (its place in the split), key and label."""
+
+    ids: tuple[int, ...]
+    keys: tuple[str, ...]
+    labels: tuple[int, ...]
+
+
+class ItemMaker:
+    """What litdata's workers call on each group: decode its images into one item (uint8, ids, labels, names)."""
+
+    def __init__(self, root: str, settings: PackSettings, strict: bool) -> None:
+        self.root = root
+        self.rule = (settings.side, settings.resize, settings.interpolation, 1.0)
+        self.strict = strict
+
+    def __call__(self, group: Group) -> dict[str, Any]:
+        configure_store_client()  # a spawned worker imports litdata afresh
+        kept: list[int] = []
+        pixels: list[np.ndarray] = []
+        side = self.rule[0]
+        for position, key in enumerate(group.keys):
+            data, reason = decode_task((self.root, key, self.rule))
+            if data is None:
+                if self.strict:
+                    raise DataError(
+                        f"{Path(self.root, key)} is not a readable image ({reason}); remove or replace it, or set "
+                        "--data.on_bad_image skip to leave such files out"
+                    )
+                print(f"skipped {key}: {reason}", flush=True)
+                continue
+            kept.append(position)
+            pixels.append(np.frombuffer(data, dtype=np.uint8).reshape(3, side, side))
+        images = np.stack(pixels) if pixels else np.zeros((0, 3, side, side), np.uint8)
+        return {
+            "images": np.ascontiguousarray(images),
+            "labels": np.asarray([group.labels[i] for i in kept], dtype=np.int64),
+            "ids": np.asarray([group.ids[i] for i in kept], dtype=np.int64),
+            "names": "\n".join(group.keys[i] for i in kept),
+        }
+
+
+def planned_splits(
+    found: LabelledImages, val_fraction: float, test_fraction: float, split_seed: int
+) -> dict[str, list[Entry]]:
+    """The images of each split: those the source gives, else held out of train as ``fit`` holds them out."""
+    from .folder import stratified_split  # the one rule of the held-out split
+
+    train = found.splits["train"]
+    fractions = (
+        0.0 if "val" in found.splits else val_fraction,
+        0.0 if "test" in found.splits else test_fraction,
+    )
+    rows = stratified_split(np.asarray([entry.label for entry in train], dtype=np.int64), fractions, split_seed)
+    planned = {name: [train[row] for row in part] for name, part in zip(SPLITS, rows, strict=True)}
+    for name in ("val", "test"):
+        if name in found.splits:
+            planned[name] = list(found.splits[name])
+    return {name: entries for name, entries in planned.items() if entries}
+
+
+def grouped(entries: list[Entry], per_item: int, seed: int) -> list[Group]:
+    """The split's images dealt into items of ``per_item``, in a seeded order (each item mixes the classes)."""
+    order = np.random.default_rng(seed).permutation(len(entries))
+    groups = []
+    for start in range(0, len(order), per_item):
+        ids = tuple(int(i) for i in order[start : start + per_item])
+        groups.append(Group(ids, tuple(entries[i].key for i in ids), tuple(entries[i].label for i in ids)))
+    return groups
+
+
+def _wait_for_node_indexes(split_dir: str, nodes: int) -> None:
+    """A folder output's last node waits for the others' index files (litdata waits only in object storage)."""
+    waiting = [Path(split_dir, f"{rank}-index.json") for rank in range(nodes - 1)]
+    while not all(path.is_file() for path in waiting):
+        time.sleep(NODE_WAIT_SECONDS)
+
+
+def _optimize_split(
+    maker: ItemMaker,
+    output: str,
+    split: str,
+    groups: list[Group],
+    workers: int,
+    storage_options: dict[str, Any],
+    nodes: int,
+    node_rank: int,
+) -> None:
+    """One split's items written by litdata under ``<output>/<split>/`` (this node's share of them)."""
+    from litdata import optimize
+
+    split_dir = join(output, split)
+    if nodes > 1 and node_rank == nodes - 1 and not is_remote(output):
+        Path(split_dir).mkdir(parents=True, exist_ok=True)
+        _wait_for_node_indexes(split_dir, nodes)
+    try:
+        optimize(
+            fn=maker,
+            inputs=groups,
+            output_dir=split_dir,
+            chunk_bytes=CHUNK_BYTES,
+            num_workers=max(1, min(workers, len(groups))),
+            reorder_files=False,
+            # Not litdata's default: that deletes what is there, other nodes' chunks included; a
+            # second packing of the same images is refused above (dataset.json), another one below.
+            mode="append",
+            storage_options=storage_options,
+            verbose=False,
+            start_method="fork" if os.name == "posix" else None,
+        )
+    except (DataError, DataSettingError):
+        raise
+    except Exception as error:
+        cause = error
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, DataError):
+            raise cause from error
+        if is_remote(output):
+            raise store_error(cause, output) from error
+        raise
+
+
+def pack_to_store(
+    found: LabelledImages,
+    settings: PackSettings,
+    output: str,
+    *,
+    val_fraction: float,
+    test_fraction: float,
+    split_seed: int,
+    images_per_item: int | None,
+    workers: int,
+    strict: bool,
+    storage_options: dict[str, Any],
+    nodes: int = 1,
+    node_rank: int = 0,
+) -> dict[str, Any]:
+    """Pack ``found`` at ``output``; returns the dataset record (``dataset.json``) the last node writes."""
+    configure_store_client()
+    digest = manifest_digest(found, settings)
+    existing = read_record(output, storage_options)
+    if existing is not None:
+        if existing.get("digest") == digest:
+            return existing
+        raise DataSettingError(
+            f"{output} already holds another packed dataset (of {existing.get('source')} at "
+            f"{existing.get('image_size')} px); choose another --output, or delete that one first"
+        )
+    per_item = images_per_item or default_images_per_item(settings.side)
+    planned = planned_splits(found, val_fraction, test_fraction, split_seed)
+    if "val" not in planned:
+        raise DataSettingError(f"{found.root}: no image is left for validation; add images or raise data.val_fraction")
+    os.environ["DATA_OPTIMIZER_NUM_NODES"] = str(nodes)
+    os.environ["DATA_OPTIMIZER_NODE_RANK"] = str(node_rank)
+    maker = ItemMaker(str(found.root), settings, strict)
+    with tempfile.TemporaryDirectory(prefix="pack-") as scratch:
+        # litdata stages chunks in one folder per machine by default; packers sharing a machine would collide.
+        os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = os.path.join(scratch, "chunks")
+        os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = os.path.join(scratch, "data")
+        for split, entries in planned.items():
+            groups = grouped(entries, per_item, split_seed)
+            _optimize_split(maker, output, split, groups, workers, storage_options, nodes, node_rank)
+    record = {
+        "format_version": STREAM_FORMAT_VERSION,
+        "digest": digest,
+        "source": str(found.root),
+        "image_size": settings.image_size,
+        "side": settings.side,
+        "resize": settings.resize,
+        "interpolation": settings.interpolation,
+        "crop_pct": settings.crop_pct,
+        "class_names": found.class_names,
+        "images_per_item": per_item,
+        "counts": {split: len(entries) for split, entries in planned.items()},
+        "class_counts": {
+            split: np.bincount([entry.label for entry in entries], minlength=len(found.class_names)).tolist()
+            for split, entries in planned.items()
+        },
+        "split_seed": split_seed,
+    }
+    if node_rank == nodes - 1:  # after its merges: the record's presence means the whole dataset is there
+        write_text(output, DATASET_FILE, json.dumps(record, indent=1), storage_options)
+    return record

@@ -1,0 +1,262 @@
+"""One export: every asked-for artifact built, checked against PyTorch, judged on the test split, and carded.
+
+Order of work: the checkpoint and (where needed) the data are found before anything is
+written; each file is built under a staged name (staging.py) and checked at once; then every
+runtime classifies the same test images; the int8 model's loss against fp32 is held to its
+limit; only then are the files and the card renamed into place, together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+import numpy as np
+
+from ...models.cost import model_cost
+from .contract import ExportableClassifier, sample_images
+from .errors import ExportCheckError, ExportError
+from .evaluation import (
+    Accuracy,
+    Parity,
+    Predictor,
+    accuracy,
+    all_logits,
+    measure_parity,
+    onnx_predictor,
+    top1_agreement,
+    torch_predictor,
+)
+from .model_card import CARD_JSON, CARD_MARKDOWN, build_card, write_card
+from .model_loading import load_model
+from .onnx_export import export_onnx
+from .program import export_program, load_program
+from .quantize import Calibration, CalibrationMethodName, quantize_int8
+from .run_data import MissingDataError, RunData, load_run_data
+from .staging import StagedFiles
+
+Format = Literal["onnx", "int8", "pt2"]
+FORMATS: tuple[str, ...] = get_args(Format)
+FILE_NAMES = {"onnx": "model.onnx", "int8": "model.int8.onnx", "pt2": "model.pt2"}
+RUNTIMES = {
+    "onnx": "onnxruntime CPUExecutionProvider",
+    "int8": "onnxruntime CPUExecutionProvider",
+    "pt2": "torch.export.load(...).module()",
+}
+DESCRIPTIONS = {
+    "onnx": "ONNX, float32",
+    "int8": "ONNX, int8 QDQ (static post-training quantization)",
+    "pt2": "torch.export ExportedProgram",
+}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What ``export.py`` was asked to do (its command-line options)."""
+
+    ckpt_path: Path
+    output_dir: Path | None = None
+    formats: tuple[str, ...] = FORMATS
+    data_dir: Path | None = None
+    calibration_images: int = 512
+    calibration_method: CalibrationMethodName = "minmax"
+    int8_symmetric: bool = False
+    max_int8_drop: float = 1.0
+    eval_limit: int | None = None
+    eval_batch_size: int = 256
+    opset: int | None = None
+    tolerance: float = 1e-4
+    register: str | None = None
+    alias: str | None = None
+    tracking_uri: str | None = None
+
+    def folder(self) -> Path:
+        """Where the files go: ``--output_dir``, or an ``export/`` folder beside the checkpoint."""
+        return self.output_dir or self.ckpt_path.parent / "export"
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What an export wrote: the card, the files, and a few of the images it judged (a registry's input example)."""
+
+    card: dict
+    written: list[Path]
+    examples: np.ndarray
+
+
+@dataclass
+class Built:
+    """One artifact under its staged name, with what was measured of it."""
+
+    name: str
+    path: Path
+    predictor: Predictor
+    parity: Parity | None = None
+    accuracy: Accuracy | None = None
+    logits: np.ndarray | None = field(default=None, repr=False)
+
+
+def check_options(options: ExportOptions) -> None:
+    unknown = [name for name in options.formats if name not in FORMATS]
+    if unknown or not options.formats:
+        raise ExportError(f"--formats {','.join(options.formats)}: choose from {','.join(FORMATS)} (comma-separated)")
+    if options.calibration_images < 1:
+        raise ExportError(f"--calibration_images must be at least 1, got {options.calibration_images}")
+    if options.eval_limit is not None and options.eval_limit < 0:
+        raise ExportError(f"--eval_limit must be 0 or more, got {options.eval_limit}")
+    if options.eval_limit == 0 and "int8" in options.formats:
+        raise ExportError("--eval_limit 0 skips the evaluation the int8 limit needs; give a count, or drop int8")
+    if options.eval_batch_size < 1:
+        raise ExportError(f"--eval_batch_size must be at least 1, got {options.eval_batch_size}")
+    if options.max_int8_drop < 0:
+        raise ExportError(f"--max_int8_drop is in points of top-1 and must be 0 or more, got {options.max_int8_drop}")
+    folder = options.folder()
+    existing = next((p for p in [folder, *folder.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ExportError(f"cannot write to {folder}: {existing} is a file; choose another --output_dir")
+
+
+def find_data(
+    options: ExportOptions, model: ExportableClassifier, checkpoint: dict
+) -> tuple[RunData | None, str | None]:
+    """The run's data, or why evaluation is skipped; missing data is an error where int8 or ``--data_dir`` asks."""
+    if options.eval_limit == 0:
+        return None, "--eval_limit 0"
+    purpose = "int8 calibration" if "int8" in options.formats else "evaluation on the test split"
+    try:
+        return load_run_data(options.ckpt_path, checkpoint, model.class_names, options.data_dir, purpose), None
+    except MissingDataError as error:
+        if "int8" in options.formats or options.data_dir is not None:
+            raise
+        return None, f"no data: {error}"
+
+
+def check_parity(built: Built, reference: Predictor, tolerance: float, image_size: int) -> None:
+    built.parity = measure_parity(reference, built.predictor, tolerance=tolerance, image_size=image_size)
+    if not built.parity.ok:
+        raise ExportCheckError(
+            f"{FILE_NAMES[built.name]} does not reproduce PyTorch: {built.parity.describe()}; nothing was written "
+            "(a looser --tolerance accepts it, if the difference is acceptable for your use)"
+        )
+
+
+def build(options: ExportOptions, model: ExportableClassifier, data: RunData | None, staged: StagedFiles, work: Path):
+    """Each artifact, staged and checked, in the order it depends on (int8 is made from the fp32 ONNX)."""
+    eager = torch_predictor(model)
+    built: dict[str, Built] = {}
+    calibration = None
+    if "onnx" in options.formats or "int8" in options.formats:
+        fp32 = staged.path(FILE_NAMES["onnx"]) if "onnx" in options.formats else work / FILE_NAMES["onnx"]
+        export_onnx(model, fp32, opset=options.opset)
+        built["onnx"] = Built("onnx", fp32, onnx_predictor(fp32))
+        check_parity(built["onnx"], eager, options.tolerance, model.hparams.image_size)
+    if "int8" in options.formats:
+        assert data is not None  # find_data refuses int8 without data
+        images = data.calibration_images(options.calibration_images)
+        calibration = Calibration(len(images), options.calibration_method, options.int8_symmetric, "training")
+        int8 = staged.path(FILE_NAMES["int8"])
+        quantize_int8(built["onnx"].path, int8, images, calibration)
+        built["int8"] = Built("int8", int8, onnx_predictor(int8))
+    if "pt2" in options.formats:
+        program = staged.path(FILE_NAMES["pt2"])
+        export_program(model, program)
+        built["pt2"] = Built("pt2", program, torch_predictor(load_program(program)))
+        check_parity(built["pt2"], eager, options.tolerance, model.hparams.image_size)
+    return built, calibration
+
+
+def evaluate(options: ExportOptions, model: ExportableClassifier, data: RunData, built: dict[str, Built]) -> Accuracy:
+    """Every runtime on the same held-out images; returns PyTorch eager's accuracy."""
+    held_out = data.held_out
+    count = len(held_out.labels) if options.eval_limit is None else min(options.eval_limit, len(held_out.labels))
+    images, labels = held_out.images[:count], held_out.labels[:count]
+    for artifact in built.values():
+        artifact.logits = all_logits(artifact.predictor, images, options.eval_batch_size)
+        artifact.accuracy = accuracy(artifact.logits, labels)
+    return accuracy(all_logits(torch_predictor(model), images, options.eval_batch_size), labels)
+
+
+def int8_report(options: ExportOptions, built: dict[str, Built], calibration: Calibration) -> dict:
+    fp32, int8 = built["onnx"], built["int8"]
+    drop = 100 * (fp32.accuracy.top1 - int8.accuracy.top1)
+    report = {
+        "top1_drop_points": drop,
+        "max_drop_points": options.max_int8_drop,
+        "top1_agreement": top1_agreement(fp32.logits, int8.logits),
+        "calibration": calibration.as_dict(),
+    }
+    if drop > options.max_int8_drop:
+        raise ExportCheckError(
+            f"the int8 model loses {drop:.2f} points of top-1 against fp32 ({100 * int8.accuracy.top1:.2f} % vs "
+            f"{100 * fp32.accuracy.top1:.2f} % on {fp32.accuracy.images} test images; limit --max_int8_drop "
+            f"{options.max_int8_drop}); nothing was written: try more --calibration_images (now {calibration.images}), "
+            "another --calibration_method (minmax, percentile, entropy), or ship fp32 with --formats onnx,pt2"
+        )
+    return report
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def describe(artifact: Built) -> dict:
+    return {
+        "file": FILE_NAMES[artifact.name],
+        "format": DESCRIPTIONS[artifact.name],
+        "runtime": RUNTIMES[artifact.name],
+        "bytes": artifact.path.stat().st_size,
+        "sha256": sha256(artifact.path),
+        "parity": artifact.parity.as_dict() if artifact.parity else None,
+        "accuracy": artifact.accuracy.as_dict() if artifact.accuracy else None,
+    }
+
+
+def evaluation_record(options: ExportOptions, data: RunData | None, skipped: str | None, eager: Accuracy | None):
+    if data is None or eager is None:
+        return {"skipped": skipped}
+    return {
+        "dataset": data.held_out.dataset,
+        "split": data.held_out.split,
+        "images": eager.images,
+        "split_images": len(data.held_out.labels),
+        "data_dir": data.held_out.source,
+        "batch_size": options.eval_batch_size,
+    }
+
+
+def example_images(data: RunData | None, image_size: int, count: int = 3) -> np.ndarray:
+    """The first judged images, or the contract's sample images when the export had no data."""
+    if data is not None and len(data.held_out.labels):
+        return np.ascontiguousarray(data.held_out.images[:count])
+    return sample_images(count, size=image_size).numpy()
+
+
+def export_artifacts(options: ExportOptions, model_class: type) -> Exported:
+    """Export the project's ``model_class`` from the checkpoint (nothing is written if anything fails)."""
+    check_options(options)
+    model, checkpoint = load_model(options.ckpt_path, model_class)
+    data, skipped = find_data(options, model, checkpoint)
+    with StagedFiles(options.folder()) as staged, tempfile.TemporaryDirectory(prefix="export-") as work:
+        built, calibration = build(options, model, data, staged, Path(work))
+        eager = evaluate(options, model, data, built) if data is not None else None
+        int8 = int8_report(options, built, calibration) if calibration is not None else None
+        shipped = {name: describe(artifact) for name, artifact in built.items() if name in options.formats}
+        card = build_card(
+            model,
+            checkpoint,
+            options.ckpt_path,
+            model_cost(model.network(), model.hparams.image_size),
+            shipped,
+            eager.as_dict() if eager else None,
+            evaluation_record(options, data, skipped, eager),
+            int8,
+        )
+        write_card(card, staged.path(CARD_JSON), staged.path(CARD_MARKDOWN))
+        return Exported(card, staged.commit(), example_images(data, model.hparams.image_size))

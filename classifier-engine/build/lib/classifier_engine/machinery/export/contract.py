@@ -1,0 +1,52 @@
+"""The contract every exported file keeps, and the sample inputs that trace and check it.
+
+Every artifact takes what a deployment has: uint8 RGB images, NCHW, shape (batch, 3, S, S)
+(S: the image size the model was trained at),
+pixel values 0-255, with the normalization inside; it returns float32 logits (batch, classes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+INPUT_NAME, OUTPUT_NAME = "images", "logits"
+MAX_BATCH = 4096
+
+
+def dynamic_batch() -> dict[str, dict[int, torch.export.Dim]]:
+    """The one dynamic dimension of every exported graph, keyed by the forward() argument's name."""
+    return {"images": {0: torch.export.Dim("batch", min=1, max=MAX_BATCH)}}
+
+
+def sample_images(batch: int, seed: int = 0, size: int = 32) -> torch.Tensor:
+    """Deterministic, natural-looking uint8 images (batch, 3, size, size): smooth colour fields plus a little noise."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(batch, 3, 4, 4, generator=generator) * 255
+    smooth = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    noise = torch.randn(batch, 3, size, size, generator=generator) * 8
+    return (smooth + noise).clamp(0, 255).to(torch.uint8)
+
+
+@runtime_checkable
+class ExportableClassifier(Protocol):
+    """What export needs of the project's LightningModule (the template's ``ImageClassifier`` has it all).
+
+    ``network()`` is the module every file holds: uint8 images in, logits out, the normalization inside.
+    """
+
+    hparams: Any
+    backbone: nn.Module
+    class_names: Sequence[str]
+    test_time_augmentation: Callable[..., torch.Tensor]
+
+    def network(self) -> nn.Module: ...
+
+    def eval(self) -> Any: ...
+
+
+# The one-view test-time augmentation every project's models/test_time.py starts from (the files compute one view).
+ONE_VIEW = "TestTimeAugmentation"

@@ -1,0 +1,131 @@
+"""Top-1/top-5 accuracy of a runtime on real test images, and how often two runtimes agree.
+
+Every artifact is judged by the runtime that will serve it (onnxruntime for the ONNX files, the
+loaded ExportedProgram for ``.pt2``, the LightningModule for eager), on the same images in the
+same batches, so the differences in the model card are the artifacts' and nothing else's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .contract import INPUT_NAME, OUTPUT_NAME, sample_images
+
+# uint8 images (N, 3, 32, 32) -> float32 logits (N, classes)
+Predictor = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Counts, so that a reader can check the fractions exactly."""
+
+    images: int
+    top1_correct: int
+    top5_correct: int
+
+    @property
+    def top1(self) -> float:
+        return self.top1_correct / self.images
+
+    @property
+    def top5(self) -> float:
+        return self.top5_correct / self.images
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {**asdict(self), "top1": self.top1, "top5": self.top5}
+
+
+@dataclass(frozen=True)
+class Parity:
+    """How closely an artifact's runtime reproduces PyTorch eager, over the tested batch sizes."""
+
+    batch_sizes: tuple[int, ...]
+    max_abs_diff: float
+    argmax_equal: bool
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= self.tolerance and self.argmax_equal
+
+    def as_dict(self) -> dict:
+        return {
+            "batch_sizes": list(self.batch_sizes),
+            "max_abs_logit_diff": self.max_abs_diff,
+            "tolerance": self.tolerance,
+            "argmax_equal": self.argmax_equal,
+        }
+
+    def describe(self) -> str:
+        return describe_parity(self.as_dict())
+
+
+def describe_parity(parity: dict) -> str:
+    """A parity record (``Parity.as_dict()``, as the model card stores it) in words."""
+    return (
+        f"max |logit diff| {parity['max_abs_logit_diff']:.2e} (tolerance {parity['tolerance']:.0e}) at batch sizes "
+        f"{parity['batch_sizes']}, argmax equal: {parity['argmax_equal']}"
+    )
+
+
+def measure_parity(
+    reference: Predictor,
+    candidate: Predictor,
+    batch_sizes: tuple[int, ...] = (1, 7),
+    tolerance: float = 1e-4,
+    image_size: int = 32,
+) -> Parity:
+    """Both runtimes on the same deterministic images, at each batch size (a dynamic batch must really be one)."""
+    worst, same_argmax = 0.0, True
+    for index, batch in enumerate(batch_sizes):
+        images = sample_images(batch, seed=index, size=image_size).numpy()
+        expected, actual = reference(images), candidate(images)
+        worst = max(worst, float(np.abs(actual - expected).max()))
+        same_argmax &= bool((actual.argmax(axis=1) == expected.argmax(axis=1)).all())
+    return Parity(tuple(batch_sizes), worst, same_argmax, tolerance)
+
+
+def all_logits(predict: Predictor, images: np.ndarray, batch_size: int) -> np.ndarray:
+    """Logits for every image, ``batch_size`` at a time (a memory map is read batch by batch)."""
+    # A copy per batch: memory-mapped rows are read-only, and a runtime may want to own its input.
+    parts = [predict(np.array(images[start : start + batch_size])) for start in range(0, len(images), batch_size)]
+    return np.concatenate(parts)
+
+
+def accuracy(logits: np.ndarray, labels: np.ndarray) -> Accuracy:
+    k = min(5, logits.shape[1])
+    top5 = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    return Accuracy(
+        images=len(labels),
+        top1_correct=int((top5[:, 0] == labels).sum()),
+        top5_correct=int((top5 == labels[:, None]).any(axis=1).sum()),
+    )
+
+
+def top1_agreement(a: np.ndarray, b: np.ndarray) -> float:
+    """Share of images on which two runtimes predict the same class."""
+    return float((a.argmax(axis=1) == b.argmax(axis=1)).mean())
+
+
+def onnx_predictor(path: Path, threads: int | None = None) -> Predictor:
+    """onnxruntime on the CPU; ``threads`` sets its intra-op threads (default: onnxruntime's choice)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda images: session.run([OUTPUT_NAME], {INPUT_NAME: images})[0]
+
+
+def torch_predictor(module: torch.nn.Module) -> Predictor:
+    def predict(images: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return module(torch.from_numpy(images)).float().numpy()
+
+    return predict

@@ -1,0 +1,184 @@
+"""The model card beside the exported files: what goes in and out, what each artifact scores, where it came from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...data.preprocessing import Preprocessing
+from ...models.cost import ModelCost
+from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, ExportableClassifier
+from .evaluation import describe_parity
+
+CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
+
+
+def shipped_weights(checkpoint: dict) -> str:
+    """Which weights the checkpoint's state_dict holds: a weight average's (EMAWeights) or the training weights."""
+    if "current_model_state" not in checkpoint:
+        return "the training weights at that step"
+    callbacks = checkpoint.get("callbacks", {})
+    averager = next((name for name in callbacks if "WeightAveraging" in name or "EMA" in name), None)
+    updates = checkpoint.get("averaging_state", {}).get("n_averaged")
+    count = f" over {int(updates):,} updates" if updates is not None else ""
+    source = f" ({averager.split('{')[0]})" if averager else ""
+    return f"the moving average of the training weights{count}{source}, not the last training weights"
+
+
+def backbone_settings(model: ExportableClassifier, checkpoint: dict) -> dict:
+    """The backbone as the run's config gave it (class_path and init_args), or its class when built in Python."""
+    given = checkpoint.get("hyper_parameters", {}).get("backbone")
+    if isinstance(given, dict):
+        return given
+    network = type(model.backbone)
+    return {"class_path": f"{network.__module__}.{network.__qualname__}"}
+
+
+def build_card(
+    model: ExportableClassifier,
+    checkpoint: dict,
+    ckpt_path: Path,
+    cost: ModelCost,
+    artifacts: dict[str, dict],
+    eager: dict | None,
+    evaluation: dict,
+    int8: dict | None,
+) -> dict:
+    """``artifacts``: per format, its file, runtime, size, parity and accuracy; ``eager``: PyTorch's accuracy."""
+    hparams = model.hparams
+    # The record the checkpoint keeps (or, for one written without it, the same from the model's own settings).
+    record = Preprocessing.of_checkpoint(checkpoint) or Preprocessing(
+        hparams.image_size, "crop", "bilinear", 1.0, tuple(hparams.mean), tuple(hparams.std)
+    )
+    tta = type(model.test_time_augmentation)
+    run_tta = None if tta.__name__ == ONE_VIEW else tta.__name__  # the files compute one view: say so
+    return {
+        "network": backbone_settings(model, checkpoint),
+        "input": {
+            "name": INPUT_NAME,
+            "dtype": "uint8",
+            "shape": ["batch", 3, record.image_size, record.image_size],
+            "layout": "NCHW, RGB channels, pixel values 0-255",
+            "resize": record.resize_rule(),
+            "normalization": "inside the graph: (pixels / 255 - mean) / std",
+            "mean": list(record.mean),
+            "std": list(record.std),
+            "preprocessing": record.as_dict(),
+        },
+        "output": {
+            "name": OUTPUT_NAME,
+            "dtype": "float32",
+            "shape": ["batch", hparams.num_classes],
+            "meaning": "logits",
+        },
+        "class_names": list(model.class_names),
+        "cost": cost.as_dict(),
+        "source": {
+            "checkpoint": str(ckpt_path),
+            "epoch": checkpoint.get("epoch"),
+            "global_step": checkpoint.get("global_step"),
+            "config_hash": checkpoint.get("config_hash"),
+            "weights": shipped_weights(checkpoint),
+        },
+        "evaluation": {**evaluation, "test_time_augmentation_of_the_run": run_tta},
+        "eager": eager,
+        "artifacts": artifacts,
+        "int8": int8,
+    }
+
+
+def percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.2f} %"
+
+
+def accuracy_rows(card: dict) -> list[tuple[str, str, str, str, str]]:
+    """(artifact, runtime, top-1, top-5, size) per row: eager first, then each file."""
+    eager = card["eager"] or {}
+    rows = [("PyTorch eager", "torch", percent(eager.get("top1")), percent(eager.get("top5")), "-")]
+    for artifact in card["artifacts"].values():
+        accuracy = artifact.get("accuracy") or {}
+        size = f"{artifact['bytes'] / 2**20:.2f} MB"
+        rows.append(
+            (artifact["file"], artifact["runtime"], percent(accuracy.get("top1")), percent(accuracy.get("top5")), size)
+        )
+    return rows
+
+
+def table(card: dict) -> str:
+    """The accuracy table, in Markdown (the card and the command's closing output alike)."""
+    lines = ["| artifact | runtime | top-1 | top-5 | size |", "| --- | --- | --- | --- | --- |"]
+    lines += ["| " + " | ".join(row) + " |" for row in accuracy_rows(card)]
+    return "\n".join(lines)
+
+
+def network_line(backbone: dict) -> str:
+    settings = ", ".join(f"{key}={value}" for key, value in backbone.get("init_args", {}).items())
+    return f"{backbone['class_path'].rpartition('.')[2]}({settings})"
+
+
+def evaluation_line(evaluation: dict) -> str:
+    if evaluation.get("skipped"):
+        return f"- Accuracy: not measured ({evaluation['skipped']})"
+    run_tta = evaluation.get("test_time_augmentation_of_the_run")
+    tta = f" (the run's own evaluation averages {run_tta} views; these files compute one)" if run_tta else ""
+    return (
+        f"- Accuracy on the {evaluation['dataset']} {evaluation['split']} split: {evaluation['images']:,} of "
+        f"{evaluation['split_images']:,} images from {evaluation['data_dir']}, one view per image{tta}"
+    )
+
+
+def int8_change(drop_points: float) -> str:
+    """'loses 1.17 points' / 'gains 0.39 points' / 'loses nothing': the int8 model's top-1 against fp32, in words."""
+    if drop_points == 0:
+        return "loses nothing"
+    return f"{'loses' if drop_points > 0 else 'gains'} {abs(drop_points):.2f} points"
+
+
+def int8_lines(int8: dict | None) -> list[str]:
+    if not int8:
+        return []
+    calibration = int8["calibration"]
+    return [
+        f"- int8 {int8_change(int8['top1_drop_points'])} of top-1 against fp32 ONNX (allowed loss: "
+        f"{int8['max_drop_points']} points), the same top-1 class on {percent(int8['top1_agreement'])} of the images",
+        f"- int8 calibration: {calibration['images']} {calibration['source']} images, {calibration['method']}; "
+        f"{calibration['quant_format']}, activations {calibration['activations']}, weights {calibration['weights']}",
+    ]
+
+
+def markdown(card: dict) -> str:
+    cost, source = card["cost"], card["source"]
+    names = ", ".join(card["class_names"][:20]) + (" ..." if len(card["class_names"]) > 20 else "")
+    parities = [
+        f"- {artifact['file']} against PyTorch eager: {describe_parity(artifact['parity'])}"
+        for artifact in card["artifacts"].values()
+        if artifact["parity"]
+    ]
+    return "\n".join(
+        [
+            "# Model card",
+            "",
+            f"- Network: {network_line(card['network'])}",
+            f"- Input `{card['input']['name']}`: uint8 {card['input']['shape']}, {card['input']['layout']}; "
+            f"{card['input']['normalization']}, mean {card['input']['mean']}, std {card['input']['std']}",
+            f"- Resize: {card['input']['resize']}",
+            f"- Output `{card['output']['name']}`: float32 {card['output']['shape']} logits",
+            f"- Classes ({len(card['class_names'])}): {names}",
+            f"- Parameters: {cost['params']:,}; MACs per image: {cost['macs_per_image']:,}; "
+            f"FLOPs per image: {cost['flops_per_image']:,}",
+            f"- From: {source['checkpoint']} (epoch {source['epoch']}, step {source['global_step']}, "
+            f"config hash {source['config_hash']})",
+            f"- Weights: {source.get('weights', 'the training weights at that step')}",
+            evaluation_line(card["evaluation"]),
+            *int8_lines(card["int8"]),
+            *parities,
+            "",
+            table(card),
+            "",
+        ]
+    )
+
+
+def write_card(card: dict, json_path: Path, markdown_path: Path) -> None:
+    json_path.write_text(json.dumps(card, indent=2) + "\n")
+    markdown_path.write_text(markdown(card))

@@ -1,0 +1,32 @@
+"""The network as a ``torch.export`` ExportedProgram (``model.pt2``): PyTorch's own deployable format.
+
+TorchScript is deprecated in torch 2.14 (``torch.jit.script``/``trace`` warn, and upstream plans to
+make them errors), so it is not shipped; an ExportedProgram is what replaces it: one graph of
+ATen operators with the weights, loadable without this project's code
+(``torch.export.load("model.pt2").module()``), and the input of AOTInductor and ExecuTorch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .contract import ExportableClassifier, dynamic_batch, sample_images
+from .errors import ExportError
+
+
+def export_program(model: ExportableClassifier, output: Path) -> None:
+    """Trace the eval-mode network with a dynamic batch and save it to ``output``."""
+    try:
+        program = torch.export.export(
+            model, (sample_images(2, size=model.hparams.image_size),), dynamic_shapes=dynamic_batch()
+        )
+        torch.export.save(program, str(output))
+    except Exception as error:
+        raise ExportError(f"torch.export failed ({type(error).__name__}: {error})") from error
+
+
+def load_program(path: Path) -> torch.nn.Module:
+    """What a deployment does: the saved program as a callable module, no project code needed."""
+    return torch.export.load(str(path)).module()

@@ -1,0 +1,115 @@
+"""fp32 ONNX -> int8 ONNX: onnxruntime's static post-training quantization, calibrated on the run's training images.
+
+QDQ format (QuantizeLinear/DequantizeLinear pairs around each quantized operator), which both
+onnxruntime and TensorRT read; weights int8, symmetric, per output channel. Activations:
+
+- asymmetric uint8 (the default) for onnxruntime on CPUs: the full 8 bits cover a ReLU/GELU
+  output that is almost all positive;
+- symmetric int8 (``symmetric=True``) for TensorRT, which only takes symmetric activations.
+
+Calibration runs the fp32 model on ``images`` (training images, never test images) and records
+each activation's range: MinMax (the observed extremes), Percentile (clips the rarest 0.001 %)
+or Entropy (the range that keeps the histogram's information).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+import numpy as np
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from .contract import INPUT_NAME
+from .errors import ExportCheckError
+
+CalibrationMethodName = Literal["minmax", "percentile", "entropy"]
+CALIBRATION_METHODS: tuple[str, ...] = get_args(CalibrationMethodName)
+CALIBRATION_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How the int8 model's activation ranges were found (recorded in the model card)."""
+
+    images: int
+    method: CalibrationMethodName
+    symmetric_activations: bool
+    source: str
+    per_channel: bool = True
+    quant_format: str = "QDQ"
+
+    def as_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "activations": "int8 symmetric" if self.symmetric_activations else "uint8 asymmetric",
+            "weights": "int8 symmetric, per output channel" if self.per_channel else "int8 symmetric, per tensor",
+        }
+
+
+class ImageBatches:
+    """onnxruntime's CalibrationDataReader over uint8 images: ``get_next()`` gives a feed dict, then None."""
+
+    def __init__(self, images: np.ndarray, batch_size: int = CALIBRATION_BATCH) -> None:
+        self.images, self.batch_size = images, batch_size
+        self._batches = self._iterate()
+
+    def _iterate(self) -> Iterator[dict[str, np.ndarray]]:
+        for start in range(0, len(self.images), self.batch_size):
+            yield {INPUT_NAME: self.images[start : start + self.batch_size]}
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._batches, None)
+
+    def rewind(self) -> None:
+        self._batches = self._iterate()
+
+
+def quantize_int8(fp32_path: Path, output: Path, images: np.ndarray, calibration: Calibration) -> None:
+    """Write the int8 QDQ model of ``fp32_path`` to ``output``."""
+    methods = {
+        "minmax": CalibrationMethod.MinMax,
+        "percentile": CalibrationMethod.Percentile,
+        "entropy": CalibrationMethod.Entropy,
+    }
+    try:
+        _quantize(fp32_path, output, images, calibration, methods[calibration.method])
+    except Exception as error:  # onnxruntime's tools raise plain exceptions from deep inside
+        raise ExportCheckError(
+            f"int8 quantization failed ({type(error).__name__}: {error}); export without it: --formats onnx,pt2"
+        ) from error
+
+
+def _quantize(
+    fp32_path: Path, output: Path, images: np.ndarray, calibration: Calibration, method: CalibrationMethod
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="quantize-") as work:
+        prepared = Path(work) / "prepared.onnx"
+        # ONNX's own shape inference and graph optimization; onnxruntime's symbolic shape inference is
+        # for transformer graphs and trips over the exporter's Reshape of a dynamic batch.
+        quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
+        # The calibrators print progress ("Collecting tensor data ...") to stdout: the export's own table is the output.
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantize_static(
+                str(prepared),
+                str(output),
+                ImageBatches(images),
+                quant_format=QuantFormat.QDQ,
+                per_channel=calibration.per_channel,
+                activation_type=QuantType.QInt8 if calibration.symmetric_activations else QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=method,
+                extra_options={
+                    "ActivationSymmetric": calibration.symmetric_activations,
+                    "WeightSymmetric": True,
+                    # BatchNorm layers that follow a pooling (not folded into a convolution) keep
+                    # one scale per channel, on the only axis their 1-D parameters have.
+                    "QDQOpTypePerChannelSupportToAxis": {"BatchNormalization": 0},
+                },
+            )

@@ -1,0 +1,155 @@
+"""Out-of-sample probabilities for every training image by k-fold cross-validation, and the labels that look wrong.
+
+Each fold is an ordinary ``main.py fit`` run with ``data.folds`` and ``data.fold`` set: its own run
+directory (named by its config, so resumable and reused), trained on the other folds and validated on
+its own. Its shipped weights (``last.ckpt``'s, the averaged ones where a recipe averages) then
+predict the fold's images, which it never trained on: every image gets a probability vector from a
+model that did not see it, as confident learning requires (Northcutt et al., 2021). cleanlab ranks them.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from typing_extensions import override
+
+from ..data.interfaces import FoldedData, HeldOutImages
+from ..foundation import html_page
+from ..foundation.errors import UsageError
+from ..foundation.files import Partial
+from .cli import TrainerCLI
+
+
+@dataclass
+class FoldPredictions:
+    """One fold's held-out images and what the fold's model, which never trained on them, makes of them."""
+
+    run_dir: Path
+    images: HeldOutImages
+    probabilities: np.ndarray  # (N, classes) float32
+    class_names: list[str]
+    image_root: str | None  # the folder the names are relative to (your images), if any
+
+
+class RunDirectory(L.Callback):
+    """Note where the fold's run lives (the CLI points ``default_root_dir`` at the run directory)."""
+
+    def __init__(self) -> None:
+        self.run_dir: Path | None = None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.run_dir = Path(trainer.default_root_dir)
+
+
+def run_fold(
+    fit_options: list[str], folds: int, fold: int, model_class: type[L.LightningModule], default_config: Path
+) -> FoldPredictions:
+    """Train (or resume, or reuse) fold ``fold``'s run, then predict its held-out images with its shipped weights."""
+    where = RunDirectory()
+    folded = [f"--data.folds={folds}", f"--data.fold={fold}", "--ckpt_path=last", "--allow_fresh_start=true"]
+    cli = TrainerCLI(
+        model_class,
+        default_config=default_config,
+        args=["fit", *fit_options, *folded],
+        trainer_defaults={"callbacks": [where]},
+    )
+    data, model = cli.datamodule, cli.model
+    if not isinstance(data, FoldedData):
+        raise UsageError(f"{type(data).__name__} cannot hold out folds (data.folds, data.fold); use an ImageDataModule")
+    last = where.run_dir / "checkpoints" / "last.ckpt"
+    model.load_state_dict(torch.load(last, map_location="cpu", weights_only=True)["state_dict"])
+    images = data.validation_images()
+    root = getattr(data, "image_dir", None)
+    probabilities = predict(model, images.images, batch_size=256)
+    return FoldPredictions(where.run_dir, images, probabilities, list(model.class_names), str(root) if root else None)
+
+
+def default_output(folds: list[FoldPredictions]) -> Path:
+    """Where the findings go unless ``--output`` says: beside the fold runs, named by the first fold's run."""
+    first = folds[0].run_dir
+    return first.parent / f"label_issues-{first.name}.csv"
+
+
+def predict(model: L.LightningModule, images: object, batch_size: int) -> np.ndarray:
+    """Class probabilities for uint8 (N, 3, S, S) images (any indexable rows), with the model's test-time views."""
+    device = next(model.parameters()).device
+    model.eval()
+    parts = []
+    with torch.inference_mode():
+        for start in range(0, len(images), batch_size):
+            batch = torch.from_numpy(np.array(images[start : start + batch_size])).to(device)
+            parts.append(model.evaluate(batch).float().softmax(dim=-1).cpu().numpy())
+    return np.concatenate(parts)
+
+
+@dataclass(frozen=True)
+class LabelIssues:
+    """Every image in the order of its fold, and the ranked rows (worst first) whose label looks wrong."""
+
+    names: list[str]
+    labels: np.ndarray
+    probabilities: np.ndarray
+    scores: np.ndarray  # label quality in [0, 1]: the probability the fold's model gave the given label
+    ranked: np.ndarray  # indices of the images flagged by confident learning, worst first
+
+
+def find_issues(folds: list[FoldPredictions]) -> LabelIssues:
+    """Confident learning over all folds' out-of-sample probabilities (cleanlab's ``find_label_issues``)."""
+    from cleanlab.filter import find_label_issues
+    from cleanlab.rank import get_label_quality_scores
+
+    names = [name for fold in folds for name in fold.images.names]
+    labels = np.concatenate([np.asarray(fold.images.labels) for fold in folds]).astype(np.int64)
+    probabilities = np.concatenate([fold.probabilities for fold in folds])
+    ranked = find_label_issues(labels, probabilities, return_indices_ranked_by="self_confidence")
+    scores = get_label_quality_scores(labels, probabilities, method="self_confidence")
+    return LabelIssues(names, labels, probabilities, scores, np.asarray(ranked, dtype=np.int64))
+
+
+def write_issues(issues: LabelIssues, class_names: list[str], output: Path, root: str | None) -> None:
+    """``output`` (CSV: file, given label, suggested label, score; worst first)."""
+    with Partial(output) as path, open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file", "given_label", "suggested_label", "score"])
+        for index in issues.ranked:
+            suggested = int(issues.probabilities[index].argmax())
+            writer.writerow([shown_path(issues.names[index], root), class_names[issues.labels[index]],
+                             class_names[suggested], f"{issues.scores[index]:.4f}"])  # fmt: skip
+
+
+def shown_path(name: str, root: str | None) -> str:
+    return str(Path(root, name)) if root else name
+
+
+def write_gallery(
+    issues: LabelIssues, folds: list[FoldPredictions], class_names: list[str], output: Path, root: str | None,
+    limit: int,
+) -> None:  # fmt: skip
+    """``output`` (HTML): the ``limit`` worst-ranked images with their given and suggested labels."""
+    where = [(fold, position) for fold in folds for position in range(len(fold.images.labels))]
+    figures = []
+    for index in issues.ranked[:limit]:
+        fold, position = where[index]
+        pixels = np.asarray(fold.images.images[np.array([position])])[0].transpose(1, 2, 0)
+        suggested = int(issues.probabilities[index].argmax())
+        figures.append(html_page.figure([html_page.image(pixels, issues.names[index])], [
+            f"given: {class_names[issues.labels[index]]} (p = {issues.probabilities[index, issues.labels[index]]:.3f})",
+            f"suggested: {class_names[suggested]} (p = {issues.probabilities[index, suggested]:.3f})",
+            shown_path(issues.names[index], root),
+        ]))  # fmt: skip
+    flagged, total = len(issues.ranked), len(issues.labels)
+    summary = html_page.table(None, [
+        ("images checked", total), ("labels that look wrong", f"{flagged} ({100 * flagged / max(total, 1):.1f} %)"),
+        ("folds (runs)", ", ".join(str(fold.run_dir) for fold in folds)),
+    ], text_columns=2)  # fmt: skip
+    note = "" if flagged <= limit else html_page.paragraph(f"The worst {limit}; the CSV lists all {flagged}.", True)
+    body = note + (f'<div class="gallery">{"".join(figures)}</div>' if figures else html_page.paragraph("None."))
+    page = html_page.page("Labels that look wrong", [("Summary", summary), ("Worst first", body)])
+    with Partial(output) as path:
+        path.write_text(page, encoding="utf-8")

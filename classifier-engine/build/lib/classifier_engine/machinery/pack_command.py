@@ -1,0 +1,127 @@
+"""``pack.py``: your own images packed by litdata into object storage (or a folder), by one machine or many.
+
+The options are ``fit``'s for your own images (``--data.*`` of ``ImageFolderDataModule``), so the
+packed images are exactly those ``fit`` would pack: same listing, held-out split, size and resize rule.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from jsonargparse import ActionConfigFile, Namespace
+from lightning.pytorch.cli import LightningArgumentParser
+
+from ..data.errors import DataSettingError
+from ..data.folder import ImageFolderDataModule
+from ..data.object_store import check_location, is_remote
+from ..data.packing import default_workers
+from ..foundation.errors import UsageError, exit_with
+from .cli import OneLineErrorParser
+from .noise import silence_known_noise
+
+# Where a launcher says which of how many processes this is: (count, rank) variable names.
+LAUNCHERS = (
+    ("DATA_OPTIMIZER_NUM_NODES", "DATA_OPTIMIZER_NODE_RANK"),  # litdata's own, set by hand
+    ("WORLD_SIZE", "RANK"),  # torchrun, Lightning's launcher, Kubeflow's PyTorchJob / TrainJob through torchrun
+    ("SLURM_NTASKS", "SLURM_PROCID"),  # srun
+    ("PET_NNODES", "PET_NODE_RANK"),  # a Kubeflow TrainJob's command without torchrun
+)
+PROCESSES_PER_MACHINE = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def packing_node(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """(processes packing, this one's rank) from the launcher's variables; (1, 0) when started by hand."""
+    for count, rank in LAUNCHERS:
+        if count in environ:
+            nodes, node = int(environ[count]), int(environ.get(rank, 0))
+            if not 0 <= node < nodes:
+                raise UsageError(f"{rank}={node} is not a rank of {count}={nodes}; check the launcher's variables")
+            return nodes, node
+    return 1, 0
+
+
+def workers_per_process(environ: Mapping[str, str] = os.environ) -> int:
+    """Decoding processes for this packer: the machine's cores shared by the packers started on it."""
+    sharing = next((int(environ[name]) for name in PROCESSES_PER_MACHINE if environ.get(name, "").isdigit()), 1)
+    return max(1, default_workers() // max(1, sharing))
+
+
+def parser() -> LightningArgumentParser:
+    parser = OneLineErrorParser(description=sys.modules["__main__"].__doc__ or __doc__, env_prefix="PACK")
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
+    parser.add_class_arguments(ImageFolderDataModule, "data", fail_untyped=False)
+    parser.add_argument(
+        "--output", type=str, required=True, help="where the dataset goes: s3://bucket/prefix, gs://..., or a folder"
+    )
+    parser.add_argument(
+        "--images_per_item",
+        type=int | None,
+        default=None,
+        help="images stored together in one litdata item; default: about 128 KiB of pixels (16 at 48 px, 1 at 224)",
+    )
+    parser.add_argument("--workers", type=int | None, default=None, help="decoding processes; default: the cores")
+    parser.add_argument(
+        "--storage_options",
+        type=dict[str, Any] | None,
+        default=None,
+        help="options for the store's client beyond the AWS_* variables (endpoint_url, aws_access_key_id, ...)",
+    )
+    return parser
+
+
+def run(options: Namespace) -> None:
+    data_options = options.data.as_dict() if isinstance(options.data, Namespace) else dict(options.data)
+    output = check_location(options.output, "--output")
+    if options.images_per_item is not None and options.images_per_item < 1:
+        raise UsageError(f"--images_per_item must be 1 or more, got {options.images_per_item}")
+    try:
+        import litdata  # noqa: F401  (the optional extra)
+    except ImportError:
+        raise UsageError('pack.py needs litdata; pip install -e ".[streaming]"') from None
+    from ..data.stream_packing import pack_to_store
+
+    try:
+        data = ImageFolderDataModule(**data_options)
+    except ValueError as error:
+        raise UsageError(f"{error}; fix that value on the command line") from error
+    if data.found is None:
+        raise DataSettingError(f"data.image_dir {data.image_dir} does not exist; point it at your images")
+    nodes, node = packing_node()
+    workers = options.workers or workers_per_process()
+    record = pack_to_store(
+        data.found,
+        data.settings,
+        output,
+        val_fraction=data.val_fraction,
+        test_fraction=data.test_fraction,
+        split_seed=data.split_seed,
+        images_per_item=options.images_per_item,
+        workers=workers,
+        strict=data.on_bad_image == "error",
+        storage_options=options.storage_options or {},
+        nodes=nodes,
+        node_rank=node,
+    )
+    counts = ", ".join(f"{split} {count:,}" for split, count in record["counts"].items())
+    share = f" (process {node} of {nodes})" if nodes > 1 else ""
+    where = "object storage" if is_remote(output) else "a folder"
+    print(
+        f"Packed {data.found.count():,} images ({counts}) of {len(record['class_names'])} classes at "
+        f"{record['image_size']} px, {record['images_per_item']} per item, into {output} ({where}){share}"
+    )
+    if node == nodes - 1:
+        print(
+            "Train on it: python main.py fit --config configs/images.yaml --config configs/presets/streaming.yaml "
+            f"--data.source {output}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    silence_known_noise()
+    try:
+        run(parser().parse_args(argv))
+    except Exception as error:
+        exit_with(error)
