@@ -1,1 +1,0 @@
-"""Services on a trained network: its cost (FLOPs, parameters), class activation maps, training totals."""
