@@ -376,8 +376,9 @@ def test_the_library_imports_one_way_and_never_a_project():
         assert not re.search(r"^\s*(from|import) (cifar|photo)_classifier", text, re.MULTILINE), path
 
 
-def test_the_docs_name_what_a_user_edits_with_its_true_length(bake):
-    project = bake()
+@pytest.mark.parametrize("dataset", ["cifar10", "images"])
+def test_the_docs_name_what_a_user_edits_with_its_true_length(bake, dataset):
+    project = bake(dataset=dataset)
     package = next((project / "src").iterdir())
     page = (project / "docs" / "configuration.md").read_text()
     table = page.split("## What you edit", 1)[1].split("\n## ", 1)[0]
