@@ -99,8 +99,8 @@ class StandInBuild:
         return re.sub(r"\$\{?(\w+)\}?", lambda match: values.get(match[1], ""), text)
 
     def run(self, command: str) -> None:
-        if command.startswith("useradd "):
-            return  # it would add a user to this machine
+        if command.startswith(("useradd ", "apt-get ")):
+            return  # it would add a user, or system packages, to this machine
         result = subprocess.run(
             ["bash", "-c", self.mapped(command)], cwd=self.workdir, env={**self.args, **self.env},
             capture_output=True, text=True, timeout=900,
