@@ -39,11 +39,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from project import PACKAGE
 from project import PROJECT_ROOT as PROJECT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 IMAGES_CONFIG = PROJECT / "configs" / "images.yaml"
-SCRIPT = PROJECT / "benchmarks" / "plain_finetune.py"
+SCRIPT = Path(__file__).resolve().parent / "plain_finetune.py"
 ARMS = ("default", "plain", "script")
 PLAIN = [
     "--model.optimizer=torch.optim.SGD",
