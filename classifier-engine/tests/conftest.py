@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,13 @@ def rendered_projects() -> tuple[Path, Path]:
 
 
 PROJECT_ROOT, PHOTO_ROOT = rendered_projects()  # cifar_classifier and photo_classifier
-IMPORT_PATHS = [str(PROJECT_ROOT / "src"), str(PHOTO_ROOT / "src"), str(LIBRARY_ROOT)]
+# engine_probes (tests/support): callbacks and networks the CLI tests name by class_path in subprocesses.
+IMPORT_PATHS = [
+    str(PROJECT_ROOT / "src"),
+    str(PHOTO_ROOT / "src"),
+    str(LIBRARY_ROOT),
+    str(LIBRARY_ROOT / "tests" / "support"),
+]
 for _path in reversed(IMPORT_PATHS):
     if _path not in sys.path:
         sys.path.insert(0, _path)
@@ -106,8 +113,23 @@ def free_port() -> int:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment for CLI subprocesses: both renders and ``tests.probes`` importable, plus ``extra``."""
+    """The environment for CLI subprocesses: both renders and ``engine_probes`` importable, plus ``extra``."""
     return {**os.environ, **extra}
+
+
+def project_of(args: Sequence[object], cwd: Path | None = None) -> Path:
+    """The render a command belongs to: the photo render when an argument names a file of it, or a config or a
+    checkpoint of a run of its classes; else the CIFAR render (each render's commands load its own classes)."""
+    for arg in args:
+        value = str(arg).split("=", 1)[-1]
+        if str(PHOTO_ROOT) in value:
+            return PHOTO_ROOT
+        path = Path(value) if Path(value).is_absolute() or cwd is None else Path(cwd) / value
+        if path.suffix == ".ckpt":
+            path = path.parent.parent / "config.yaml"  # <run>/checkpoints/<file>.ckpt: the run's config
+        if path.suffix in (".yaml", ".yml") and path.is_file() and "photo_classifier." in path.read_text():
+            return PHOTO_ROOT
+    return PROJECT_ROOT
 
 
 def run_cli(
@@ -120,9 +142,9 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """Run ``python [launcher] main.py ARGS`` in ``cwd`` exactly as a user would type it (``env`` adds variables).
 
-    The photo render's ``main.py`` when the arguments name a file of it (its configs), else the CIFAR render's.
+    ``main.py`` of the render the command belongs to (``project_of``).
     """
-    project = PHOTO_ROOT if any(str(PHOTO_ROOT) in str(arg) for arg in args) else PROJECT_ROOT
+    project = project_of(args, cwd)
     result = subprocess.run(
         [sys.executable, *launcher, str(project / "main.py"), *args],
         cwd=cwd,

@@ -23,10 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import PROJECT_ROOT, write_image_folder
+from .conftest import PHOTO_ROOT, write_image_folder
+
+# The photo render's image: it trains configs/images.yaml on a folder of photos (the CIFAR render's is the same file).
+PROJECT_ROOT = PHOTO_ROOT
 
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
-IMAGE_DIRS = {"/opt", "/build", "/app", "/tmp"}  # every absolute path the Dockerfile names lies under one
+IMAGE_DIRS = {"/opt", "/build", "/app", "/tmp", "/var"}  # every absolute path the Dockerfile names lies under one
+# (/var: apt's lists, removed by the one apt-get command, which the stand-in build does not run)
 
 
 def instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
@@ -147,7 +151,7 @@ def test_the_dockerfile_commands_install_the_project_and_train(tmp_path):
             build.apply(instruction, arguments)
     python = build.root / "opt" / "venv" / "bin" / "python"
     installed = subprocess.run(
-        [str(python), "-c", "import cifar_classifier as p; print(p.__file__)"],
+        [str(python), "-c", "import photo_classifier as p; print(p.__file__)"],
         cwd=tmp_path, capture_output=True, text=True, env=build.env,
     )  # fmt: skip
     assert installed.stdout.startswith(str(build.root / "opt" / "venv" / "lib")), installed.stderr  # not editable

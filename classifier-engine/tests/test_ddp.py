@@ -54,7 +54,7 @@ def write_indexed_archive(data_dir):
 
 def ddp_args(root, *extra):
     probe = root / "probe.yaml"
-    callback = {"class_path": "tests.probes.DataProbe", "init_args": {"output_dir": str(root / "probe")}}
+    callback = {"class_path": "engine_probes.DataProbe", "init_args": {"output_dir": str(root / "probe")}}
     probe.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
     return [
         "fit", "--config", str(default_config()), "--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"),
@@ -166,7 +166,7 @@ def write_indexed_folder(folder: Path, per_class: int = 16) -> Path:
 def test_two_processes_on_a_packed_folder_train_on_disjoint_shards_to_identical_weights(tmp_path):
     photos = write_indexed_folder(tmp_path / "photos")
     probe = tmp_path / "probe.yaml"
-    callback = {"class_path": "tests.probes.DataProbe", "init_args": {"output_dir": str(tmp_path / "probe")}}
+    callback = {"class_path": "engine_probes.DataProbe", "init_args": {"output_dir": str(tmp_path / "probe")}}
     probe.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
     ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--config", str(probe)]
     args = images_args(photos, *ddp, "--trainer.devices=2", "--data.flip=none", "--data.random_resized_crop=false")
@@ -230,7 +230,7 @@ def live_processes_of_group(group: int) -> list[int]:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 def test_killing_rank_zero_ends_every_process_of_the_run_within_seconds(tmp_path):
     write_indexed_archive(tmp_path / "data")
-    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    probe = "--trainer.callbacks+=engine_probes.KillAt"
     args = ddp_args(tmp_path, "--trainer.devices=2", "--data.num_workers=2", "--trainer.max_epochs=3", probe)
     launcher = subprocess.Popen(
         [sys.executable, str(PROJECT_ROOT / "main.py"), *args],

@@ -2,7 +2,7 @@
 
 Each cell runs the same command as an uninterrupted reference run (trained once per distinct
 command, shared by the cells), in another folder, stopped at a chosen moment by
-``tests.probes.KillAt`` (which reads the moment from the environment so that every attempt has
+``engine_probes.KillAt`` (which reads the moment from the environment so that every attempt has
 the same config): ``kill -9``, SIGTERM, or the cluster's SIGUSR1. It is resumed until it finishes.
 The two final checkpoints must hold the same weights, optimizer and scheduler states, data and
 random states, and TensorBoard must show the same scalars.
@@ -35,6 +35,7 @@ from .conftest import (
     fit_args,
     images_args,
     only_run_dir,
+    project_of,
     run_cli,
     slurm_stand_ins,
     write_image_folder,
@@ -46,7 +47,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch ended"),
 ]
 
-KILL_PROBE = "--trainer.callbacks+=tests.probes.KillAt"
+KILL_PROBE = "--trainer.callbacks+=engine_probes.KillAt"
 # 160 training images in batches of 8: 20 steps per epoch, 3 epochs.
 SMALL_RUN = ("--trainer.max_epochs=3", "--data.batch_size=8", KILL_PROBE)
 # Checkpoint entries that describe the computation (loop counters and callback bookkeeping such as
@@ -72,7 +73,12 @@ def kill_and_resume(args: list[str], root: Path, kills: list[str], env: dict[str
     for attempt, kill in enumerate(kills):
         moment, _, name = kill.partition("@")
         name = name or "SIGKILL"
-        command = [sys.executable, str(PROJECT_ROOT / "main.py"), *args, *(["--ckpt_path=last"] if attempt else [])]
+        command = [
+            sys.executable,
+            str(project_of(args, root) / "main.py"),
+            *args,
+            *(["--ckpt_path=last"] if attempt else []),
+        ]
         process = subprocess.Popen(
             command,
             cwd=root,
@@ -285,7 +291,7 @@ def test_the_default_fine_tune_stopped_mid_epoch_resumes_to_exactly_the_uninterr
 REPLACED_LISTS = {
     "callbacks": (
         "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
-        "      init_args: {monitor: val/top1, mode: max, patience: 100}\n    - class_path: tests.probes.KillAt\n"
+        "      init_args: {monitor: val/top1, mode: max, patience: 100}\n    - class_path: engine_probes.KillAt\n"
     ),
     "plugins": "trainer:\n  plugins:\n    - class_path: lightning.pytorch.plugins.environments.LightningEnvironment\n",
 }

@@ -27,10 +27,10 @@ import torch
 
 from .conftest import (
     DATASET,
-    PROJECT_ROOT,
     cli_env,
     fit_args,
     only_run_dir,
+    project_of,
     run_cli,
     trained_folder,
     tree,
@@ -137,7 +137,7 @@ def run_with_mounts(mounts: list[str], root: Path, setup: str, args: list[str], 
     What the run left under ``root/runs`` is copied out before the namespace (and its mounts) ends,
     and put back in place of the mount point, so that the next command sees the runs as they were left.
     """
-    command = shlex.join([sys.executable, str(PROJECT_ROOT / "main.py"), *args])
+    command = shlex.join([sys.executable, str(project_of(args) / "main.py"), *args])
     script = f"{setup} && {command}; status=$?; mkdir -p kept && cp -a runs/. kept/; exit $status"
     result = subprocess.run(
         [*mounts, "sh", "-c", script], cwd=root, capture_output=True, text=True, timeout=300, env=cli_env(**env)
@@ -153,13 +153,13 @@ def test_a_full_disk_while_saving_names_the_checkpoint_that_is_left(work):
     args = fit_args("data", "--ckpt_path=last", "--trainer.max_epochs=2", "--allow_config_change=true")
     mounts = private_mounts()
     if mounts is not None:  # the checkpoints on a small filesystem of their own, filled as epoch 2 starts
-        args += ["--trainer.callbacks+=tests.probes.FillDiskAt"]
+        args += ["--trainer.callbacks+=engine_probes.FillDiskAt"]
         folder = shlex.quote(str(run_dir / "checkpoints"))
         setup = f"cp -a {folder} saved && mount -t tmpfs -o size=4m tmpfs {folder} && cp -a saved/. {folder}/"
         result = run_with_mounts(mounts, work, setup, args, {"FILL_AT": "1", "FILL_LEAVE": str(16 * 1024)})
         (work / run_dir / "checkpoints" / ".filler").unlink()
     else:  # no namespace here: the writer meets ENOSPC halfway through the file instead
-        args += ["--trainer.callbacks+=tests.probes.NoSpaceAt"]
+        args += ["--trainer.callbacks+=engine_probes.NoSpaceAt"]
         result = run_cli(*args, cwd=work, check=False, env={"NO_SPACE_AT": "1"})
     line = one_error_line(result)
     assert line.startswith(f"error: no space left on the disk of {work / run_dir}/checkpoints to write "), line
@@ -177,7 +177,7 @@ def test_a_full_disk_while_saving_names_the_checkpoint_that_is_left(work):
 
 def test_out_of_gpu_memory_names_the_batch_and_keeps_the_last_completed_step(tmp_path):
     write_tiny_archive(tmp_path / "data")
-    oom = ("--model.backbone=tests.probes.OutOfMemoryAt", "--allow_config_change=true")
+    oom = ("--model.backbone=engine_probes.OutOfMemoryAt", "--allow_config_change=true")
     run_cli(*fit_args("data", *oom), cwd=tmp_path)  # one epoch, 10 steps
     run_dir = only_run_dir(tmp_path).relative_to(tmp_path)
     best = checkpoints(tmp_path / run_dir)["best-epoch=000.ckpt"]
@@ -198,7 +198,7 @@ def test_a_killed_loader_worker_is_named_and_the_run_resumes(work):
     run_dir = only_run_dir(work).relative_to(work)
     best = checkpoints(work / run_dir)["best-epoch=000.ckpt"]
     workers = ("--data.num_workers=2", "--data.storage=memmap", "--trainer.max_epochs=2")
-    killing = (*workers, "--trainer.callbacks+=tests.probes.KillWorkerAt", "--allow_config_change=true")
+    killing = (*workers, "--trainer.callbacks+=engine_probes.KillWorkerAt", "--allow_config_change=true")
     killed = {"KILL_WORKER_AT": "1:2"}
     result = run_cli(*fit_args("data", "--ckpt_path=last", *killing), cwd=work, check=False, env=killed)
     line = one_error_line(result)

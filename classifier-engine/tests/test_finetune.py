@@ -132,7 +132,7 @@ def test_a_timm_network_is_trained_predicted_and_exported_as_its_weights_expect(
 
     exported = subprocess.run(
         # A barely trained network from random weights has large logits: fp32 ONNX differs from PyTorch by ~1e-2.
-        [sys.executable, str(PROJECT_ROOT / "export.py"), f"--ckpt_path={run}", "--formats=onnx", "--tolerance=0.05"],
+        [sys.executable, str(PHOTO_ROOT / "export.py"), f"--ckpt_path={run}", "--formats=onnx", "--tolerance=0.05"],
         cwd=tmp_path, capture_output=True, text=True, env=cli_env(**offline), timeout=600,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-3000:]
@@ -262,7 +262,7 @@ def test_the_default_fine_tune_trains_the_head_then_everything_from_a_weights_fi
     model = ImageClassifier.load_from_checkpoint(run, map_location="cpu")
     assert torch.equal(model.state_dict()[head_key], averaged[head_key])
     exported = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "export.py"), f"--ckpt_path={run}", "--formats=onnx", "--tolerance=0.05"],
+        [sys.executable, str(PHOTO_ROOT / "export.py"), f"--ckpt_path={run}", "--formats=onnx", "--tolerance=0.05"],
         cwd=tmp_path, capture_output=True, text=True, env=cli_env(**offline), timeout=600,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-3000:]

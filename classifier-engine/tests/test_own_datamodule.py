@@ -19,7 +19,7 @@ import onnxruntime
 import pytest
 import torch
 
-from .conftest import PROJECT_ROOT, cli_env, images_args, run_cli, write_image_folder
+from .conftest import PROJECT_ROOT, cli_env, images_args, project_of, run_cli, write_image_folder
 from .test_export import top_k_correct
 
 pytestmark = [
@@ -64,12 +64,12 @@ def write_arrays(root: Path, seed: int = 0) -> None:
 
 def env_with(folder: Path) -> dict[str, str]:
     """The CLI's environment with ``folder`` importable, as a user's own module is."""
-    return {"PYTHONPATH": f"{PROJECT_ROOT}{os.pathsep}{folder}"}
+    return {"PYTHONPATH": f"{os.environ['PYTHONPATH']}{os.pathsep}{folder}"}
 
 
 def export(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "export.py"), *args],
+        [sys.executable, str(project_of(args, cwd) / "export.py"), *args],
         cwd=cwd,
         capture_output=True,
         text=True,

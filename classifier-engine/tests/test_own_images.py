@@ -38,7 +38,7 @@ from classifier_engine.data.packing import (
 )
 from classifier_engine.foundation.files import NoSpaceError
 
-from .conftest import PHOTO_ROOT, PROJECT_ROOT, images_args, run_cli, write_image_folder
+from .conftest import PHOTO_ROOT, images_args, run_cli, write_image_folder
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)
 
@@ -400,7 +400,7 @@ def test_a_folder_of_photos_trains_tests_predicts_and_exports_through_the_cli(tm
     from .conftest import cli_env
 
     exported = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "export.py"), f"--ckpt_path={run}", "--max_int8_drop=100"],
+        [sys.executable, str(PHOTO_ROOT / "export.py"), f"--ckpt_path={run}", "--max_int8_drop=100"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -31,7 +31,7 @@ from .conftest import (
 from .test_ddp import ddp_args, live_processes_of_group, write_indexed_archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.every_render]  # two processes per run, three launchers
-PROBE = "--trainer.callbacks+=tests.probes.FailAt"
+PROBE = "--trainer.callbacks+=engine_probes.FailAt"
 FAULT = {"FAIL_AT": "1:2", "FAIL_RANK": "1"}  # epoch 0 (5 steps) is in last.ckpt; rank 1 fails in epoch 1
 ENDED_WITHIN = 60  # seconds from the fault to the last process of the job
 

@@ -73,7 +73,7 @@ def test_a_failed_evaluation_leaves_no_report(trained):
     root, _photos, run_dir = trained
     before = set(run_dir.glob("test/*/*"))
     result = run_cli("test", "--config", str(run_dir / "config.yaml"), "--ckpt_path=last",
-                     "--trainer.callbacks+=tests.probes.FailInTest", cwd=root, check=False,
+                     "--trainer.callbacks+=engine_probes.FailInTest", cwd=root, check=False,
                      env={"FAIL_TEST_AT": "1"})  # fmt: skip
     assert result.returncode != 0 and "error:" in result.stderr
     written = {path.name for path in set(run_dir.glob("test/*/*")) - before}

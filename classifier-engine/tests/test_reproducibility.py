@@ -57,7 +57,9 @@ def test_two_runs_of_one_config_are_identical(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # processes killed and restarted
 def test_sigterm_saves_a_checkpoint_and_the_run_continues_from_it(tmp_path):
-    args = fit_args("data", "--trainer.max_epochs=3", "--data.batch_size=8", "--trainer.callbacks+=tests.probes.KillAt")
+    args = fit_args(
+        "data", "--trainer.max_epochs=3", "--data.batch_size=8", "--trainer.callbacks+=engine_probes.KillAt"
+    )
     write_tiny_archive(tmp_path / "data")
     steps_per_epoch = (192 - 32) // 8
     # SIGTERM after batch 6 of epoch 1 (a scheduler's pre-emption); Lightning stops at the next boundary.

@@ -27,6 +27,7 @@ from .conftest import (
     default_config,
     fit_args,
     only_run_dir,
+    project_of,
     run_cli,
     tree,
     write_tiny_archive,
@@ -266,7 +267,7 @@ def test_the_fast_recipe_extends_and_validates_the_weights_it_ends_with(tmp_path
 
 def test_ctrl_c_resume_extend_as_a_user_types_them(tmp_path):
     write_tiny_archive(tmp_path / "data")
-    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    probe = "--trainer.callbacks+=engine_probes.KillAt"
     ctrl_c = {"KILL_AT": "train_batch:0:3", "KILL_SIGNAL": "SIGINT"}  # after the 4th batch
     stopped = run_cli(*fit_args("data", probe), cwd=tmp_path, check=False, env=ctrl_c)
     run_dir = only_run_dir(tmp_path)
@@ -289,11 +290,11 @@ def test_ctrl_c_resume_extend_as_a_user_types_them(tmp_path):
 
 def test_a_run_is_trained_by_one_process_at_a_time(tmp_path):
     write_tiny_archive(tmp_path / "data")
-    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    probe = "--trainer.callbacks+=engine_probes.KillAt"
     command = fit_args("data", probe, "--ckpt_path=last", "--allow_fresh_start=true")
     # The first fit stops itself (SIGSTOP) after its third batch: alive, holding the run.
     holder = subprocess.Popen(
-        [sys.executable, str(PROJECT_ROOT / "main.py"), *command],
+        [sys.executable, str(project_of(command) / "main.py"), *command],
         cwd=tmp_path,
         env=cli_env(KILL_AT="train_batch:0:2", KILL_SIGNAL="SIGSTOP"),
         stdout=subprocess.DEVNULL,

@@ -2,7 +2,7 @@
 
 A ``moto`` server on localhost stands in for S3 (reached through ``AWS_ENDPOINT_URL``, as a real
 endpoint is). The photos carry their own index in their first two pixels, so each rank's per-step
-sample ids are read from the pixels it was fed (``tests.probes.DataProbe``).
+sample ids are read from the pixels it was fed (``engine_probes.DataProbe``).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def packed(store):
 
 def stream_args(root: Path, *extra: str) -> list[str]:
     probe = root / "probe.yaml"
-    callback = {"class_path": "tests.probes.DataProbe", "init_args": {"output_dir": "probe"}}
+    callback = {"class_path": "engine_probes.DataProbe", "init_args": {"output_dir": "probe"}}
     probe.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
     return [
         "fit", "--config", str(PHOTO_ROOT / "configs" / "images.yaml"),
@@ -139,7 +139,7 @@ def reference(packed, tmp_path_factory):
     """An uninterrupted 2-rank x 2-worker run streaming from the bucket."""
     _, env = packed
     root = tmp_path_factory.mktemp("reference")
-    args = stream_args(root, "--trainer.devices=2", "--trainer.callbacks+=tests.probes.KillAt")
+    args = stream_args(root, "--trainer.devices=2", "--trainer.callbacks+=engine_probes.KillAt")
     run_cli(*args, cwd=root, env=env)
     return root, args
 
@@ -205,9 +205,9 @@ def test_a_streamed_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_r
 def test_stopped_on_two_ranks_resumed_on_one_each_image_of_the_epoch_is_trained_once(reference, packed, tmp_path):
     reference_root, _ = reference
     _, env = packed
-    args = stream_args(tmp_path, "--data.global_batch_size=16", "--trainer.callbacks+=tests.probes.KillAt")
+    args = stream_args(tmp_path, "--data.global_batch_size=16", "--trainer.callbacks+=engine_probes.KillAt")
     stopped = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "main.py"), *args, "--trainer.devices=2"],
+        [sys.executable, str(PHOTO_ROOT / "main.py"), *args, "--trainer.devices=2"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env=cli_env(KILL_AT="train_batch:1:2", KILL_SIGNAL="SIGTERM", **env),
     )  # fmt: skip
@@ -255,7 +255,7 @@ def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed)
     _, env = packed
     checkpoint = only_run_dir(root) / "checkpoints" / "last.ckpt"
     result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "export.py"), f"--ckpt_path={checkpoint}", "--formats=onnx"],
+        [sys.executable, str(PHOTO_ROOT / "export.py"), f"--ckpt_path={checkpoint}", "--formats=onnx"],
         cwd=root, capture_output=True, text=True, timeout=300, env=cli_env(**env),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -317,7 +317,7 @@ def test_a_cache_disk_without_room_for_the_held_out_images_is_one_line_and_nothi
     _, env = packed
     (tmp_path / "cache").mkdir()
     args = stream_args(tmp_path, "--data.num_workers=0", "--data.cache_dir=cache")
-    command = shlex.join([sys.executable, str(PROJECT_ROOT / "main.py"), *args])
+    command = shlex.join([sys.executable, str(PHOTO_ROOT / "main.py"), *args])
     result = subprocess.run(
         [*mounts, "sh", "-c", f"mount -t tmpfs -o size=256k tmpfs cache && {command}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env(**env),
@@ -340,7 +340,7 @@ def test_a_store_that_stops_answering_mid_run_ends_every_rank_in_one_line(tmp_pa
         assert pack(tmp_path, env, f"--output={STORE}").returncode == 0
         args = stream_args(tmp_path, "--trainer.devices=2", "--data.max_cache_size=10KB", "--trainer.max_epochs=20")
         training = subprocess.Popen(
-            [sys.executable, str(PROJECT_ROOT / "main.py"), *args],
+            [sys.executable, str(PHOTO_ROOT / "main.py"), *args],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(**env),
         )  # fmt: skip
         deadline = time.monotonic() + 240

@@ -113,7 +113,7 @@ def load(root: Path, name: str) -> optuna.Study:
 @SLOW
 def test_a_sweep_trains_trials_as_runs_prunes_and_writes_the_best_config(tmp_path):
     write_tiny_archive(tmp_path / "data")
-    spec = write_sweep(tmp_path / "lr.yaml", pruner="tests.probes.PruneLaterTrials")
+    spec = write_sweep(tmp_path / "lr.yaml", pruner="engine_probes.PruneLaterTrials")
     result = sweep("--sweep", str(spec), "--n_trials", "3", *TRIAL_OPTIONS, cwd=tmp_path)
 
     study = load(tmp_path, "lr")
@@ -189,7 +189,7 @@ def test_two_workers_share_a_study_and_never_run_the_same_trial(tmp_path):
 def test_a_killed_worker_leaves_no_trial_running_and_its_trial_resumes(tmp_path):
     write_tiny_archive(tmp_path / "data")
     spec = write_sweep(tmp_path / "preempted.yaml")
-    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    probe = "--trainer.callbacks+=engine_probes.KillAt"
     args = ["--sweep", str(spec), "--n_trials", "2", "--heartbeat_interval", "1", "--grace_period", "2"]
     args += [*TRIAL_OPTIONS, probe]
     killed = sweep(*args, cwd=tmp_path, check=False, KILL_AT="train_batch:1:2")  # kill -9 in epoch 1 of trial 0
@@ -230,7 +230,7 @@ def test_an_array_task_warned_by_slurm_requeues_itself_and_its_trial(tmp_path):
     bin_dir, submit_dir = slurm_stand_ins(tmp_path)
     write_tiny_archive(submit_dir / "data")
     spec = write_sweep(submit_dir / "array.yaml")
-    probe = "--trainer.callbacks+=tests.probes.KillAt"
+    probe = "--trainer.callbacks+=engine_probes.KillAt"
     task = {**SLURM_ONE_TASK_JOB, "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "0", "SWEEP": str(spec)}
     task |= {"SLURM_SUBMIT_DIR": str(submit_dir), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     task |= {"VIRTUAL_ENV": sys.prefix}
