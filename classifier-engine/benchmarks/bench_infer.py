@@ -46,12 +46,14 @@ Runner = Callable[[np.ndarray], object]
 def build_model(args: argparse.Namespace, overrides: list[str]) -> tuple[ImageClassifier, str]:
     """The model and its dataset's name: from a checkpoint, or built by the CLI from a config (and ``overrides``)."""
     if args.ckpt_path:
-        model, checkpoint = load_model(args.ckpt_path)
+        model, checkpoint = load_model(args.ckpt_path, ImageClassifier)
         return model, checkpoint["datamodule_hyper_parameters"]["dataset"]
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cli = TrainerCLI(default_config=DEFAULT_CONFIG, run=False, args=["--config", str(args.config), *overrides])
+        cli = TrainerCLI(
+            ImageClassifier, default_config=DEFAULT_CONFIG, run=False, args=["--config", str(args.config), *overrides]
+        )
     return cli.model.eval(), cli.datamodule.format.name
 
 

@@ -55,6 +55,7 @@ import torch
 from project import (
     DEFAULT_CONFIG,
     PROJECT_ROOT,
+    ImageClassifier,
 )
 
 from classifier_engine.data.archive import prepare
@@ -172,7 +173,7 @@ def project_run(args: argparse.Namespace, seed: int, warmup: bool = False) -> di
     ]  # fmt: skip
     with tempfile.TemporaryDirectory() as folder, working_directory(Path(folder)), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cli = TrainerCLI(default_config=DEFAULT_CONFIG, run=False, args=options)
+        cli = TrainerCLI(ImageClassifier, default_config=DEFAULT_CONFIG, run=False, args=options)
         trainer = cli.trainer
         if warmup:
             trainer.check_val_every_n_epoch = 1

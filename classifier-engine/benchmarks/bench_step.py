@@ -91,7 +91,12 @@ class Recipe:
         torch.manual_seed(0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cli = TrainerCLI(default_config=DEFAULT_CONFIG, run=False, args=["--config", str(args.config), *overrides])
+            cli = TrainerCLI(
+                ImageClassifier,
+                default_config=DEFAULT_CONFIG,
+                run=False,
+                args=["--config", str(args.config), *overrides],
+            )
         self.model: ImageClassifier = cli.model
         self.precision = str(cli.config.trainer.precision)
         # The config's callbacks come first in the trainer's list (Lightning appends its own after them).
