@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 from cifar_classifier.models import ImageClassifier
+from engine_probes import TinyNet
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from torch import nn
 
 from classifier_engine.machinery.cli import TrainerCLI, main
 from classifier_engine.machinery.export.errors import ExportError
@@ -29,13 +29,6 @@ from .conftest import (
     run_cli,
     write_tiny_archive,
 )
-
-
-class TinyNet(nn.Sequential):
-    """A user's own network: any nn.Module whose constructor takes num_classes first."""
-
-    def __init__(self, num_classes: int, hidden: int = 8) -> None:
-        super().__init__(nn.Flatten(), nn.Linear(3 * 32 * 32, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
 
 @pytest.fixture(scope="module")

@@ -202,3 +202,11 @@ class FailInTest(L.Callback):
     def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if str(batch_idx) == os.environ.get("FAIL_TEST_AT", ""):
             raise RuntimeError("the test step failed on purpose")
+
+
+class TinyNet(torch.nn.Sequential):
+    """A user's own network: any nn.Module whose constructor takes num_classes first (tests/test_cli.py)."""
+
+    def __init__(self, num_classes: int, hidden: int = 8) -> None:
+        nn = torch.nn
+        super().__init__(nn.Flatten(), nn.Linear(3 * 32 * 32, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
