@@ -18,8 +18,8 @@ import pytest
 import timm
 import torch
 import yaml
-from cifar_classifier.models import ImageClassifier
-from cifar_classifier.models.backbones import TimmNet
+from photo_classifier.models import ImageClassifier
+from photo_classifier.models.backbones import TimmNet
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from classifier_engine.data.image_files import centre_crop, decode_image
