@@ -95,7 +95,7 @@ FAST_ARGS = [
     "--data.val_size=32",
     "--data.batch_size=16",
     "--data.num_workers=0",
-    "--model.backbone=FastCNN",  # the CLI is under test here, not the backbone
+    "--model.backbone=cifar_classifier.models.backbones.FastCNN",  # the CLI is under test here, not the backbone
     "--model.backbone.width=4",
     "--trainer.accelerator=cpu",
     "--trainer.max_epochs=1",
@@ -176,7 +176,7 @@ def images_args(image_dir: Path | str, *extra: str) -> list[str]:
         "--data.batch_size=8",
         "--data.num_workers=0",
         "--data.pack_workers=2",
-        "--model.backbone=FastCNN",
+        "--model.backbone=photo_classifier.models.backbones.FastCNN",
         "--model.backbone.width=4",
         "--trainer.accelerator=cpu",
         "--trainer.max_epochs=2",

@@ -146,7 +146,13 @@ def main_output(tmp_path, monkeypatch, capsys, *args: str) -> str:
 
 
 def test_print_config_shows_the_resolved_config(tmp_path, monkeypatch, capsys):
-    args = ("--config", str(default_config()), "--model.backbone=FastCNN", "--model.backbone.width=8", "--print_config")
+    args = (
+        "--config",
+        str(default_config()),
+        "--model.backbone=cifar_classifier.models.backbones.FastCNN",
+        "--model.backbone.width=8",
+        "--print_config",
+    )
     config = yaml.safe_load(main_output(tmp_path, monkeypatch, capsys, "fit", *args))
     assert config["model"]["backbone"]["init_args"]["width"] == 8
     assert config["data"]["class_path"] == "cifar_classifier.data.CifarDataModule"
@@ -178,7 +184,7 @@ def test_every_option_can_come_from_the_environment_and_the_command_line_wins(tm
 def test_bad_config_is_refused_in_one_line_with_the_key_named(tmp_path, monkeypatch, capsys, arg, complaint):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["main.py"])
-    network = ["--model.backbone=CifarResNet"] if "depth" in arg else []
+    network = ["--model.backbone=cifar_classifier.models.backbones.CifarResNet"] if "depth" in arg else []
     with pytest.raises(SystemExit) as exit_info:
         main(ImageClassifier, default_config(), ["fit", *network, arg])
     errors = capsys.readouterr().err.strip().splitlines()
@@ -265,7 +271,11 @@ def test_help_names_the_parts_and_documents_their_options(tmp_path, monkeypatch,
     assert "(models/backbones.py: FastCNN, AirBench, CifarResNet; or your own nn.Module)" in text
     assert "torchvision.models" not in text  # not every nn.Module torchvision defines
     assert "(models/schedules.py: OneCycle, WarmupCosine, Triangle, Constant;" in text
-    part = " ".join(main_output(tmp_path, monkeypatch, capsys, "fit", "--model.backbone.help", "AirBench").split())
+    part = " ".join(
+        main_output(
+            tmp_path, monkeypatch, capsys, "fit", "--model.backbone.help", "cifar_classifier.models.backbones.AirBench"
+        ).split()
+    )
     assert "--model.backbone.width WIDTH Channels of the first group" in part
 
 

@@ -35,11 +35,16 @@ QUIET = [
     "--trainer.enable_progress_bar=false",
 ]
 CONFIGS = {
-    "default": [str(default_config()), "--model.backbone=FastCNN", "--model.backbone.width=4", "--data.batch_size=8"],
+    "default": [
+        str(default_config()),
+        "--model.backbone=cifar_classifier.models.backbones.FastCNN",
+        "--model.backbone.width=4",
+        "--data.batch_size=8",
+    ],
     # The fast recipe (CIFAR-10 whatever the default dataset), small and in fp32 on the CPU.
     "fast": [
         str(PROJECT_ROOT / "configs" / "cifar10_fast.yaml"),
-        "--model.backbone=AirBench",
+        "--model.backbone=cifar_classifier.models.backbones.AirBench",
         "--model.backbone.width=4",
         "--data.global_batch_size=8",
     ],

@@ -109,7 +109,9 @@ def test_a_kill_during_a_checkpoint_write_never_leaves_a_broken_checkpoint(tmp_p
 @pytest.fixture
 def finished(tmp_path, monkeypatch):
     write_tiny_archive(tmp_path / "data")
-    in_process(fit_args("data", "--model.lr_schedule=Constant"), tmp_path, monkeypatch)
+    in_process(
+        fit_args("data", "--model.lr_schedule=cifar_classifier.models.schedules.Constant"), tmp_path, monkeypatch
+    )
     (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
     return tmp_path, last
 
@@ -117,7 +119,10 @@ def finished(tmp_path, monkeypatch):
 def test_resuming_under_a_changed_config_is_allowed_by_the_switch(finished, monkeypatch):
     root, last = finished
     run_dir = last.parents[1]
-    schedule, smoothing = "--model.lr_schedule=Constant", "--model.label_smoothing=0.2"
+    schedule, smoothing = (
+        "--model.lr_schedule=cifar_classifier.models.schedules.Constant",
+        "--model.label_smoothing=0.2",
+    )
     changed = fit_args("data", "--trainer.max_epochs=2", schedule, smoothing, f"--ckpt_path={last}")
     # (refused without the switch: tests/test_runs.py, the "changed-config" mistake)
     cli = in_process([*changed, "--allow_config_change=true"], root, monkeypatch)

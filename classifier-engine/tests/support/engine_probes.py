@@ -17,7 +17,6 @@ from pathlib import Path
 import lightning as L
 import optuna
 import torch
-from cifar_classifier.models.backbones import FastCNN
 
 
 class DataProbe(L.Callback):
@@ -96,14 +95,22 @@ class PruneLaterTrials(optuna.pruners.BasePruner):
         return trial.number > 0 and len(trial.intermediate_values) >= self.after
 
 
-class OutOfMemoryAt(FastCNN):
-    """FastCNN whose training forward pass raises CUDA's out-of-memory error at optimizer step ``OOM_AT`` (from 1).
+class OutOfMemoryAt(torch.nn.Sequential):
+    """A small network whose training forward pass raises CUDA's out-of-memory error at optimizer step ``OOM_AT``.
 
     The error is torch's own type with the allocator's wording, as a real GPU raises it in the forward pass.
+    No project's network: this module is imported by both renders' commands, which each import only their own.
     """
 
     def __init__(self, num_classes: int, width: int = 4) -> None:
-        super().__init__(num_classes, width)
+        nn = torch.nn
+        super().__init__(
+            nn.Conv2d(3, width, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(width, num_classes),
+        )
         self.at = int(os.environ.get("OOM_AT", "0"))
         self.calls = 0
 
