@@ -32,6 +32,7 @@ from .conftest import (
     cli_env,
     default_config,
     images_args,
+    project_of,
     run_cli,
     slurm_stand_ins,
     write_image_folder,
@@ -96,7 +97,8 @@ def test_one_trial_in_process_writes_its_run_the_study_and_the_best_config(tmp_p
 
 
 def sweep_command(*args: str) -> list[str]:
-    return [sys.executable, str(PROJECT_ROOT / "sweep.py"), *args]
+    """``python sweep.py ARGS`` of the render its options belong to (``project_of``)."""
+    return [sys.executable, str(project_of(args) / "sweep.py"), *args]
 
 
 def sweep(*args: str, cwd: Path, check: bool = True, **env: str) -> subprocess.CompletedProcess:

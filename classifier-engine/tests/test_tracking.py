@@ -105,7 +105,7 @@ def test_a_preset_without_its_extra_is_one_line_naming_the_install(tmp_path, pre
     write_tiny_archive(tmp_path / "data")
     (tmp_path / "blocker").mkdir()
     (tmp_path / "blocker" / "sitecustomize.py").write_text(BLOCKER)
-    env = {"BLOCKED_MODULES": module, "PYTHONPATH": f"{tmp_path / 'blocker'}{os.pathsep}{PROJECT_ROOT}"}
+    env = {"BLOCKED_MODULES": module, "PYTHONPATH": f"{tmp_path / 'blocker'}{os.pathsep}{os.environ['PYTHONPATH']}"}
     result = run_cli(*fit_args("data", "--config", str(PRESETS / preset)), cwd=tmp_path, check=False, env=env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith(f"is not installed; pip install -e '.[{module}]'")
