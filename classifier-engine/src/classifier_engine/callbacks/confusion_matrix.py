@@ -45,7 +45,11 @@ class ConfusionMatrix(L.Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.metric = MulticlassConfusionMatrix(pl_module.hparams.num_classes).to(pl_module.device)
+        # Several labels per image have no single confusion: the report's per-class AP covers them.
+        multilabel = pl_module.hparams.get("task") == "multilabel"
+        self.metric = (
+            None if multilabel else MulticlassConfusionMatrix(pl_module.hparams.num_classes).to(pl_module.device)
+        )
 
     @override
     def on_validation_batch_end(
@@ -57,13 +61,13 @@ class ConfusionMatrix(L.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if trainer.sanity_checking or outputs is None:
+        if trainer.sanity_checking or outputs is None or self.metric is None:
             return
         self.metric.to(outputs.device).update(outputs.argmax(dim=-1), batch[1])
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or self.metric is None:
             return
         matrix = self.metric.compute()  # synchronized over ranks
         self.metric.reset()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +19,83 @@ from ..data.interfaces import HeldOutImages
 from ..foundation import html_page
 from ..foundation.files import Partial
 from ..models.class_activation import activation_layer, class_activation_maps, overlaid
+from ..models.labels import is_imbalanced
+from .label_report import (
+    calibration_section,
+    coverage_section,
+    label_figures,
+    label_table,
+    multilabel_summary,
+    wrong_labels,
+)
 from .report_tables import ClassFigures, confident_mistakes, confusion_counts, per_class, top_k_accuracy
 from .tensorboard import tensorboard_writers
 
 SHOWN_CONFUSION_CLASSES = 40  # a larger matrix is unreadable as a table; per_class.csv still has every class
 
 
+@dataclass(frozen=True)
+class Answers:
+    """The model's answers to the test images: probabilities before and after calibration, and its thresholds."""
+
+    plain: np.ndarray
+    calibrated: np.ndarray
+    temperature: list[float]
+    multilabel: bool
+    thresholds: np.ndarray | None = None  # multi-label: each class's
+    scores: np.ndarray | None = None  # multi-class with rejection: each image's score
+    rejection: float | None = None  # ... and the threshold below which the answer is "unknown"
+    score_name: str = ""
+
+    @classmethod
+    def of(cls, model: L.LightningModule, logits: np.ndarray, multilabel: bool) -> Answers:
+        raw = torch.from_numpy(logits)
+        plain = (raw.sigmoid() if multilabel else raw.softmax(dim=-1)).numpy()
+        calibration = getattr(model, "calibration", None)
+        if calibration is None:  # a model without one: its probabilities as they are
+            thresholds = np.full(logits.shape[1], 0.5, np.float32) if multilabel else None
+            return cls(plain, plain, [1.0], multilabel, thresholds)
+        with torch.no_grad():
+            on_device = raw.to(calibration.temperature.device)
+            calibrated = calibration.probabilities(on_device).cpu().numpy()
+            temperature = calibration.temperature.cpu().tolist()
+            if multilabel:
+                return cls(plain, calibrated, temperature, True, calibration.thresholds.cpu().numpy())
+            rejection = float(calibration.rejection)
+            if calibration.reject_with == "none" or not math.isfinite(rejection):
+                return cls(plain, calibrated, temperature, False)
+            scores = calibration.scores(on_device).cpu().numpy()
+        return cls(plain, calibrated, temperature, False, None, scores, rejection, calibration.reject_with)
+
+    def sections(self, labels: np.ndarray, headline: dict) -> list[tuple[str, str]]:
+        """The calibration section (and the coverage one, with rejection); their figures join ``headline``."""
+        added, body = calibration_section(self.plain, self.calibrated, labels, self.temperature, self.multilabel)
+        headline |= added
+        sections = [("Calibration: reliability before and after temperature scaling", body)]
+        if self.scores is not None:
+            correct = self.calibrated.argmax(axis=1) == labels
+            added, body = coverage_section(self.scores, correct, self.rejection, self.score_name)
+            headline |= added
+            sections.append(('"Unknown" answers: accuracy against coverage', body))
+        return sections
+
+
 class EvaluationReport(L.Callback):
     """After ``test``: ``report.html``, ``per_class.csv`` and ``mistakes.csv`` in the test run's folder.
 
     The page is one file with its images embedded: the headline figures; per class its precision,
-    recall, F1, support and the class it is most often taken for; the confusion matrix; and the
+    recall, F1, support and the class it is most often taken for; the confusion matrix; calibration
+    before and after temperature scaling (ECE, reliability diagrams) and accuracy against coverage
+    (the "unknown" threshold marked); and the
     ``mistakes`` wrong answers given with the highest probability, each as the network saw it, beside
     a Grad-CAM map of where it looked for the class it chose (``models/class_activation.py``), with
     the true and predicted class, their probabilities and the image's file. The gallery and the
     per-class table also go to TensorBoard. The images come from the DataModule's ``held_out_images``
     (the split ``test`` reads); under DDP the ranks' shares are gathered first. Every file is written
-    whole or not at all, and a failed evaluation writes none.
+    whole or not at all, and a failed evaluation writes none. The probabilities are the model's
+    calibrated ones (its ``calibration``, when it has one). For a multi-label model the page has per
+    class its AP, and its precision, recall and F1 at its threshold; calibration per class; and the most
+    confident wrong labels (given to an image without it, or missed).
     """
 
     def __init__(self, mistakes: int = 24, overlays: bool = True) -> None:
@@ -45,37 +107,42 @@ class EvaluationReport(L.Callback):
         """
         self.mistakes = mistakes
         self.overlays = overlays
-        self.probabilities: list[np.ndarray] = []
+        self.logits: list[np.ndarray] = []
         self.labels: list[np.ndarray] = []
         self.path: Path | None = None
 
     @override
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.probabilities, self.labels = [], []
+        self.logits, self.labels = [], []
 
     @override
     def on_test_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
-        self.probabilities.append(outputs.float().softmax(dim=-1).cpu().numpy())
+        self.logits.append(outputs.float().cpu().numpy())
         self.labels.append(batch[1].cpu().numpy())
 
     @override
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        probabilities, labels = self._gathered(trainer)
+        logits, labels = self._gathered(trainer)
         folder = Path(trainer.log_dir or trainer.default_root_dir)  # a collective call: every rank makes it
         if not trainer.is_global_zero or not len(labels):
             return
         folder.mkdir(parents=True, exist_ok=True)
-        class_names = list(getattr(pl_module, "class_names", None) or range(probabilities.shape[1]))
+        class_names = list(getattr(pl_module, "class_names", None) or range(logits.shape[1]))
+        answers = Answers.of(pl_module, logits, multilabel=labels.ndim == 2)
+        if labels.ndim == 2:
+            self._multilabel_report(trainer, pl_module, folder, answers, labels, [str(n) for n in class_names])
+            return
+        probabilities = answers.calibrated
         predicted = probabilities.argmax(axis=1)
         confusion = confusion_counts(labels, predicted, len(class_names))
         classes = per_class(confusion, [str(name) for name in class_names])
         shown = confident_mistakes(probabilities, labels, self.mistakes)
         held_out, why_no_images = self._images(trainer, labels)
         names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
-        gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, predicted)
+        gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, predicted[shown])
         root = getattr(trainer.datamodule, "image_dir", None)
         paths = [str(Path(root, name)) if root and held_out is not None else name for name in names]
         with Partial(folder / "per_class.csv") as path:
@@ -86,20 +153,81 @@ class EvaluationReport(L.Callback):
             "images": len(labels),
             "top-1": f"{100 * top_k_accuracy(probabilities, labels, 1):.2f} %",
             "top-5": f"{100 * top_k_accuracy(probabilities, labels, 5):.2f} %",
+        }
+        if is_imbalanced(pl_module.hparams.get("class_counts")) or is_imbalanced([c.support for c in classes]):
+            headline["balanced accuracy"] = f"{100 * np.mean([c.recall for c in classes]):.2f} %"
+            headline["macro-F1"] = f"{100 * np.mean([c.f1 for c in classes]):.2f} %"
+        extra = answers.sections(labels, headline)
+        headline |= {
             "split": held_out.split if held_out is not None else "test",
             "data": held_out.dataset if held_out is not None else type(trainer.datamodule).__name__,
             "checkpoint": str(trainer.ckpt_path or "the model as it is"),
         }
         page = report_page(headline, classes, confusion, class_names, shown, labels, predicted, probabilities,
-                           paths, gallery, why_no_images or why_no_overlays)  # fmt: skip
+                           paths, gallery, why_no_images or why_no_overlays, extra)  # fmt: skip
         with Partial(folder / "report.html") as path:
             path.write_text(page, encoding="utf-8")
         self.path = folder / "report.html"
         self._to_tensorboard(trainer, classes, gallery)  # main.py's closing lines name the report
 
+    def _multilabel_report(self, trainer: L.Trainer, pl_module: L.LightningModule, folder: Path, answers: Answers,
+                           labels: np.ndarray, class_names: list[str]) -> None:  # fmt: skip
+        probabilities, thresholds = answers.calibrated, answers.thresholds
+        figures = label_figures(probabilities, labels, thresholds, class_names)
+        headline = {"images": len(labels), **multilabel_summary(figures, probabilities, labels, thresholds)}
+        extra = answers.sections(labels, headline)
+        held_out, why_no_images = self._images(trainer, labels)
+        names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
+        root = getattr(trainer.datamodule, "image_dir", None)
+        paths = [str(Path(root).parent / name) if root and held_out is not None and Path(root).is_file()
+                 else str(Path(root, name)) if root and held_out is not None else name for name in names]  # fmt: skip
+        wrong = wrong_labels(probabilities, labels, thresholds, self.mistakes)
+        shown = np.asarray([image for image, *_ in wrong], dtype=np.int64)
+        gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, np.asarray([k for _, k, *_ in wrong]))
+        with Partial(folder / "per_class.csv") as path, open(path, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["class", "average_precision", "precision", "recall", "f1", "threshold", "support"])
+            writer.writerows([[r.name, f"{r.average_precision:.4f}", f"{r.precision:.4f}", f"{r.recall:.4f}",
+                               f"{r.f1:.4f}", f"{r.threshold:.4f}", r.support] for r in figures])  # fmt: skip
+        with Partial(folder / "mistakes.csv") as path, open(path, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["rank", "image", "label", "wrong", "p", "threshold", "true_labels"])
+            for rank, (image, k, kind, p) in enumerate(wrong, start=1):
+                true = " ".join(class_names[j] for j in np.flatnonzero(labels[image]))
+                writer.writerow([rank, paths[image], class_names[k], kind, f"{p:.4f}", f"{thresholds[k]:.4f}", true])
+        headline |= {
+            "split": held_out.split if held_out is not None else "test",
+            "data": held_out.dataset if held_out is not None else type(trainer.datamodule).__name__,
+            "checkpoint": str(trainer.ckpt_path or "the model as it is"),
+        }
+        pictures = []
+        for (seen, overlay), (image, k, kind, p) in zip(gallery, wrong, strict=False):
+            shown_images = [html_page.image(seen, "as the network saw it")]
+            if overlay is not None:
+                shown_images.append(html_page.image(overlay, f"where it looked for {class_names[k]}"))
+            true = " ".join(class_names[j] for j in np.flatnonzero(labels[image])) or "(none)"
+            pictures.append(html_page.figure(shown_images, [
+                f"{kind}: {class_names[k]} (p = {p:.3f}, threshold {thresholds[k]:.3f})", f"true: {true}", paths[image],
+            ]))  # fmt: skip
+        body = (
+            f'<div class="gallery">{"".join(pictures)}</div>' if pictures else html_page.paragraph("No wrong labels.")
+        )
+        if why_no_images or why_no_overlays:
+            body = html_page.paragraph(why_no_images or why_no_overlays, note=True) + body
+        sections = [
+            ("Summary", html_page.table(None, list(headline.items()), text_columns=2)),
+            ("Per class (worst AP first; precision, recall and F1 with the label given at its threshold)",
+             label_table(figures)),
+            *extra,
+            (f"The {len(wrong)} most confident wrong labels (given to an image without it, or missed)", body),
+        ]  # fmt: skip
+        with Partial(folder / "report.html") as path:
+            path.write_text(html_page.page("Evaluation report", sections), encoding="utf-8")
+        self.path = folder / "report.html"
+
     def _gathered(self, trainer: L.Trainer) -> tuple[np.ndarray, np.ndarray]:
-        """Every rank's probabilities and labels, in the split's order, on rank 0 (others get what they hold)."""
-        probabilities = np.concatenate(self.probabilities) if self.probabilities else np.zeros((0, 1), np.float32)
+        """Every rank's logits and labels, in the split's order, on rank 0 (others get what they hold)."""
+        probabilities = np.concatenate(self.logits) if self.logits else np.zeros((0, 1), np.float32)
         labels = np.concatenate(self.labels) if self.labels else np.zeros(0, np.int64)
         if trainer.world_size == 1 or not dist.is_initialized():
             return probabilities, labels
@@ -108,7 +236,8 @@ class EvaluationReport(L.Callback):
         # The test sampler deals the split round-robin (UnrepeatedDistributedSampler): image i is on rank i % W.
         total, world = sum(len(share[1]) for share in shares), trainer.world_size
         order = np.concatenate([np.arange(rank, total, world) for rank in range(world)])
-        gathered_p, gathered_l = np.empty((total, probabilities.shape[1]), np.float32), np.empty(total, np.int64)
+        gathered_p = np.empty((total, probabilities.shape[1]), np.float32)
+        gathered_l = np.empty((total, *labels.shape[1:]), labels.dtype)
         gathered_p[order] = np.concatenate([share[0] for share in shares])
         gathered_l[order] = np.concatenate([share[1] for share in shares])
         return gathered_p, gathered_l
@@ -124,9 +253,10 @@ class EvaluationReport(L.Callback):
         return held_out, ""
 
     def _gallery(
-        self, pl_module: L.LightningModule, held_out: HeldOutImages | None, shown: np.ndarray, predicted: np.ndarray
+        self, pl_module: L.LightningModule, held_out: HeldOutImages | None, shown: np.ndarray, looked_for: np.ndarray
     ) -> tuple[list[tuple[np.ndarray, np.ndarray | None]], str]:
-        """(image as seen (S, S, 3), overlay or None) per mistake shown, and why there are no overlays, if so."""
+        """(image as seen (S, S, 3), overlay or None) per image shown (where it looked for the class in
+        ``looked_for``), and why there are no overlays, if so."""
         if held_out is None or not len(shown):
             return [], ""
         in_file_order = np.sort(shown)  # a memory map is read in file order, then put back in rank order
@@ -138,7 +268,7 @@ class EvaluationReport(L.Callback):
         if layer is None:
             return [(image, None) for image in seen], f"no overlays: {name_or_reason}"
         network = pl_module.network().eval()
-        maps = class_activation_maps(network, layer, images, predicted[shown])
+        maps = class_activation_maps(network, layer, images, looked_for)
         return list(zip(seen, overlaid(images, maps), strict=True)), ""
 
     @staticmethod
@@ -182,8 +312,8 @@ def write_mistakes(path: Path, shown, labels, predicted, probabilities, class_na
 
 
 def report_page(headline, classes, confusion, class_names, shown, labels, predicted, probabilities, paths, gallery,
-                note) -> str:  # fmt: skip
-    """The report as one HTML document."""
+                note, extra=()) -> str:  # fmt: skip
+    """The report as one HTML document (``extra``: sections after the confusion matrix)."""
     sections = [("Summary", html_page.table(None, list(headline.items()), text_columns=2))]
     worst_first = sorted(classes, key=lambda c: (c.f1, c.name))
     sections.append((
@@ -201,6 +331,7 @@ def report_page(headline, classes, confusion, class_names, shown, labels, predic
     else:
         matrix = html_page.paragraph(f"{len(class_names)} classes: too many to show; see per_class.csv.", note=True)
     sections.append(("Confusion matrix (rows: true class, shaded by share of the row)", matrix))
+    sections += list(extra)
     figures = []
     for (seen, overlay), index in zip(gallery, shown, strict=False):
         pictures = [html_page.image(seen, "as the network saw it")]

@@ -1,4 +1,9 @@
-"""``predict`` writes ``predictions.csv`` in its run folder: one row per image, its top class and the top 5."""
+"""``predict`` writes ``predictions.csv`` in its run folder: one row per image, its answer and the top 5.
+
+The model's ``predict_step`` returns calibrated probabilities with, for one label per image, which
+images get an answer (the others are "unknown"), or, for several labels per image, which labels each
+gets; a model that returns bare probabilities gets its top class every time.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +21,16 @@ from typing_extensions import override
 from ..data.interfaces import PredictionNames
 from ..foundation.files import Partial
 
+UNKNOWN = "unknown"
+
 
 class PredictionWriter(BasePredictionWriter):
     """Rows ``image, predicted, probability, top5`` (``top5`` as ``name:probability`` pairs), written per batch.
+
+    ``predicted`` is ``unknown`` where the model's rejection threshold finds the image unlike its
+    validation images (``top5`` still ranks the classes). For a multi-label model the rows are
+    ``image, labels, probabilities, top5``: every label at or above its threshold, separated by
+    spaces, and their probabilities.
 
     ``image`` is the test-set index, or the file's path inside ``data.predict_dir``. The file is
     written under a temporary name and renamed when prediction ends, so a stopped run leaves no
@@ -51,7 +63,7 @@ class PredictionWriter(BasePredictionWriter):
         self._partial = Partial(self.path)
         self._handle = open(self._partial.path, "w", newline="")  # noqa: SIM115 (closed in on_predict_end/teardown)
         self._writer = csv.writer(self._handle)
-        self._writer.writerow(["image", "predicted", "probability", f"top{self.top_k}"])
+        self._header_written = False
 
     @override
     def write_on_batch_end(
@@ -66,14 +78,31 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         data = trainer.datamodule
         name = data.predict_name if isinstance(data, PredictionNames) else str
-        class_names = getattr(pl_module, "class_names", None) or [str(i) for i in range(prediction.shape[-1])]
-        probabilities, classes = prediction.float().topk(min(self.top_k, prediction.shape[-1]), dim=-1)
-        indices = batch_indices if batch_indices is not None else range(len(prediction))
+        answer = prediction if isinstance(prediction, dict) else {"probabilities": prediction}
+        all_p = answer["probabilities"].float()
+        class_names = getattr(pl_module, "class_names", None) or [str(i) for i in range(all_p.shape[-1])]
+        multilabel = "labels" in answer
+        if not self._header_written:
+            first = ["labels", "probabilities"] if multilabel else ["predicted", "probability"]
+            self._writer.writerow(["image", *first, f"top{self.top_k}"])
+            self._header_written = True
+        probabilities, classes = all_p.topk(min(self.top_k, all_p.shape[-1]), dim=-1)
+        indices = batch_indices if batch_indices is not None else range(len(all_p))
+        given = answer["labels"].tolist() if multilabel else answer.get("answered", [True] * len(all_p))
         try:
-            for index, top_p, top_c in zip(indices, probabilities.tolist(), classes.tolist(), strict=True):
-                image = name(index)
+            for row, (index, top_p, top_c) in enumerate(
+                zip(indices, probabilities.tolist(), classes.tolist(), strict=True)
+            ):
                 top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(top_c, top_p, strict=True))
-                self._writer.writerow([image, class_names[top_c[0]], f"{top_p[0]:.4f}", top])
+                if multilabel:
+                    present = [k for k, flag in enumerate(given[row]) if flag]
+                    present.sort(key=lambda k: -float(all_p[row, k]))
+                    labels = " ".join(class_names[k] for k in present)
+                    shares = " ".join(f"{float(all_p[row, k]):.4f}" for k in present)
+                    self._writer.writerow([name(index), labels, shares, top])
+                else:
+                    predicted = class_names[top_c[0]] if bool(given[row]) else UNKNOWN
+                    self._writer.writerow([name(index), predicted, f"{top_p[0]:.4f}", top])
         except OSError as error:  # a full disk: say so, and leave no partial file
             with contextlib.suppress(OSError):  # the buffered rows cannot be written either
                 self._close()

@@ -228,9 +228,14 @@ class BatchAugment:
         return self._augment(images, ids, epoch, self._generator_for(images, epoch))
 
     def mix(self, images: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        """MixUp or CutMix the augmented batch: float images in [0, 255] and (N, classes) label shares."""
+        """MixUp or CutMix the augmented batch: float images in [0, 255] and (N, classes) label shares.
+
+        Class indices become one-hot shares; multi-label rows (N, classes) of 0/1 are mixed as they are.
+        """
         if self.mixing is None:
             return images, labels
+        if labels.dim() == 2:  # multi-label 0/1 rows: mixed as vectors, in the images' shares
+            labels = labels.float()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self._mix_seed())
             return self.mixing(images.float(), labels)

@@ -25,19 +25,35 @@ from ..foundation.errors import check_choice
 from ..foundation.process_lifetime import start_worker, worker_context
 from .augment import AugmentSettings, BatchAugment, FlipMode, PaddingMode
 from .batches import BatchSizes
-from .dataset import MemmapBatches, Positions, ResidentBatches, TensorBatches, cross_validation_folds, keep_batch
+from .dataset import (
+    MemmapBatches,
+    Positions,
+    ResidentBatches,
+    TensorBatches,
+    cross_validation_folds,
+    keep_batch,
+    strata,
+)
 from .errors import DataError, DataSettingError
 from .folder_size import MIXUP_FROM_IMAGES, batch_for, counted, cutmix_for, mixup_for
 from .image_files import Interpolation, Resize, centre_crop, load_image_folder
 from .interfaces import HeldOutImages
-from .loader import FirstBatchStartLoader, TrainerEpochSampler
+from .loader import BalancedEpochSampler, FirstBatchStartLoader, TrainerEpochSampler
 from .preprocessing import Preprocessing
 
 Storage = Literal["auto", "device", "memmap"]
+Sampler = Literal["shuffle", "balanced"]
 # "auto" keeps the data on a GPU when it takes at most this share of the GPU's free memory.
 RESIDENT_SHARE_OF_FREE_MEMORY = 0.25
 # From this size up, a random-resized crop replaces the padded shift crop unless the config says otherwise.
 RESIZED_CROP_FROM = 64
+
+
+def balanced_weights(labels: np.ndarray) -> Tensor:
+    """Per image, one over its class's count (multi-label: its rarest class's), so each class is drawn as often."""
+    groups = strata(np.asarray(labels))
+    counts = np.bincount(groups)
+    return torch.from_numpy(1.0 / counts[groups])
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -66,6 +82,7 @@ class ImageDataModule(L.LightningDataModule):
         storage: Storage = "auto",
         pin_memory: bool = True,
         predict_dir: str | None = None,
+        sampler: Sampler = "shuffle",
     ) -> None:
         """Configure how batches are served and augmented.
 
@@ -102,12 +119,14 @@ class ImageDataModule(L.LightningDataModule):
             pin_memory: Pin host batches for faster, asynchronous copies to the GPU.
             predict_dir: Folder of your own images (PNG, JPEG, ...; resized as the training images were) for
                 ``predict``; by default ``predict`` runs on the test split.
+            sampler: Training order: shuffle (every image once an epoch) or balanced (images drawn with
+                replacement so that each class comes equally often; multi-label: by each image's rarest class).
         """
         super().__init__()
         # The settings of this class and of the dataset's subclass, as the checkpoint and HPARAMS record them.
-        # The model records the resolved class names and normalization; a data class's unresolved defaults
+        # The model records the resolved class names, normalization and task; a data class's unresolved defaults
         # (null: the network's, or ImageNet's) would clash with them.
-        self.save_hyperparameters(ignore=["class_names", "mean", "std"])
+        self.save_hyperparameters(ignore=["class_names", "mean", "std", "task"])
         sizes = (
             ("batch_size", 1 if batch_size is None else batch_size),
             ("global_batch_size", global_batch_size or 1),
@@ -124,6 +143,8 @@ class ImageDataModule(L.LightningDataModule):
                 f"data.resized_crop_scale must be two shares 0 < low <= high <= 1, got {resized_crop_scale}"
             )
         check_choice("data.storage", storage, Storage)
+        check_choice("data.sampler", sampler, Sampler)
+        self.sampler = sampler
         if folds and not (folds >= 2 and 0 <= fold < folds):
             raise ValueError(
                 f"data.folds must be 0 (off) or at least 2, with 0 <= data.fold < folds; got {folds}, {fold}"
@@ -172,6 +193,8 @@ class ImageDataModule(L.LightningDataModule):
         # its data (CIFAR's archive) checks it in prepare_data.
         self.offline = False
         self.class_counts: list[int] | None = None  # training images per class, when known before packing
+        self.task = "multiclass"  # or "multilabel": labels are (N, classes) rows of 0/1
+        self.train_images: int | None = None  # the training images class_counts counts
         self.title = "images"  # how the data is named in messages
 
     @property
@@ -415,15 +438,12 @@ class ImageDataModule(L.LightningDataModule):
             # ranks (disjoint, remainder dropped). It does not depend on how much of the global random
             # stream was used before, so a resumed run sees exactly the batches it would have seen.
             # Lightning keeps a DistributedSampler it is given (the epoch comes from the trainer: see loader.py).
-            sampler = TrainerEpochSampler(
-                memmapped,
-                self._current_epoch,
-                num_replicas=world_size,
-                rank=rank,
-                shuffle=True,
-                seed=self.seed,
-                drop_last=True,
-            )
+            shards = {"num_replicas": world_size, "rank": rank, "seed": self.seed, "drop_last": True}
+            if self.sampler == "balanced":
+                weights = balanced_weights(memmapped.view()[1])
+                sampler = BalancedEpochSampler(memmapped, self._current_epoch, weights, **shards)
+            else:
+                sampler = TrainerEpochSampler(memmapped, self._current_epoch, shuffle=True, **shards)
         elif world_size > 1:
             # Disjoint, unpadded shards: each image is evaluated exactly once over all ranks, so the
             # synchronized metrics equal a single-process evaluation (Lightning's default would pad).

@@ -140,6 +140,20 @@ def keep_batch(batch: tuple[Tensor, ...] | Positions) -> tuple[Tensor, ...] | Po
     return batch
 
 
+def strata(labels: np.ndarray) -> np.ndarray:
+    """What a split is stratified by: the class, or for multi-label rows (N, classes) the rarest class present.
+
+    Every image of a rare class then lands in that class's stratum, so a held-out split gets some of each
+    class that has at least two images (rows with no class form a stratum of their own).
+    """
+    if labels.ndim == 1:
+        return labels
+    present = labels.astype(bool)
+    frequency = present.sum(axis=0)
+    rarity = np.where(present, frequency[None, :], np.iinfo(np.int64).max)
+    return np.where(present.any(axis=1), rarity.argmin(axis=1), labels.shape[1])
+
+
 def cross_validation_folds(
     split: MemmapBatches, folds: int, fold: int, seed: int
 ) -> tuple[MemmapBatches, MemmapBatches]:
@@ -150,7 +164,7 @@ def cross_validation_folds(
     """
     images, labels = split.paths
     rows = split.indices if split.indices is not None else np.arange(len(split))
-    row_labels = np.asarray(split.arrays[1])[rows]
+    row_labels = strata(np.asarray(split.arrays[1])[rows])
     rng = np.random.default_rng(seed)
     held = np.zeros(len(rows), dtype=bool)
     for label in np.unique(row_labels):

@@ -22,7 +22,7 @@ from typing_extensions import override
 from ..foundation.errors import check_choice
 from ..foundation.files import writable
 from .datamodule import ImageDataModule
-from .dataset import MemmapBatches
+from .dataset import MemmapBatches, strata
 from .errors import DataError, DataSettingError
 from .image_files import Interpolation, Resize
 from .image_sources import LabelledImages, find_images
@@ -46,10 +46,13 @@ BadImagePolicy = Literal["skip", "error"]
 _found: dict[str, LabelledImages] = {}  # one walk of a folder per process (the CLI's fingerprint, then the module)
 
 
-def labelled_images(image_dir: str | Path) -> LabelledImages:
-    key = str(Path(image_dir).expanduser().resolve())
+Task = Literal["auto", "multiclass", "multilabel"]
+
+
+def labelled_images(image_dir: str | Path, task: str = "auto") -> LabelledImages:
+    key = (str(Path(image_dir).expanduser().resolve()), task)
     if key not in _found:
-        _found[key] = find_images(Path(key))
+        _found[key] = find_images(Path(key[0]), task)
     return _found[key]
 
 
@@ -57,9 +60,11 @@ def stratified_split(labels: np.ndarray, fractions: tuple[float, float], seed: i
     """Row indices (train, val, test): each class split by ``fractions`` (val, test), seeded; one always trains.
 
     A class with at least two images gives at least one to each share asked for, so every class is validated.
+    Multi-label rows are stratified by their rarest class (``strata``).
     """
     rng = np.random.default_rng(seed)
     parts: list[list[np.ndarray]] = [[], [], []]
+    labels = strata(labels)
     for label in np.unique(labels):
         rows = rng.permutation(np.flatnonzero(labels == label))
         counts = [round(share * len(rows)) for share in fractions]
@@ -97,6 +102,7 @@ class ImageFolderDataModule(ImageDataModule):
         std: tuple[float, float, float] | None = None,
         interpolation: Interpolation | None = None,
         crop_pct: float | None = None,
+        task: Task = "auto",
         **kwargs: Any,
     ) -> None:
         """Configure the data.
@@ -124,11 +130,14 @@ class ImageFolderDataModule(ImageDataModule):
                 expect, else bilinear.
             crop_pct: With resize crop, the share of the shorter side kept (pretrained weights' evaluation crop:
                 the shorter side to image_size / crop_pct, then the centre); null: as the weights expect, else 1.
+            task: multiclass (one label per image), multilabel (a set of labels per image: one sigmoid per class)
+                or auto (multilabel when a CSV gives several labels per image or one 0/1 column per class).
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
         super().__init__(**kwargs)
         check_choice("data.resize", resize, Resize)
         check_choice("data.on_bad_image", on_bad_image, BadImagePolicy)
+        check_choice("data.task", task, Task)
         if interpolation is not None:
             check_choice("data.interpolation", interpolation, Interpolation)
         if crop_pct is not None and not 0.5 <= crop_pct <= 1:
@@ -160,12 +169,14 @@ class ImageFolderDataModule(ImageDataModule):
         self.rows_of: str | None = None  # the packed copy (its folder name: the manifest's digest) the rows index
         self.recorded_copy: Path | None = None  # the packed copy a checkpoint names (or export.py --data_dir)
         self.found: LabelledImages | None = None
+        self.task = "multiclass" if task == "auto" else task
         if class_names and not self.image_dir.exists():
             # A trained model's data without its image folder (predict a new folder, export from the packed
-            # copy the checkpoint names): the classes are all the constructor needs.
+            # copy the checkpoint names): the classes (and the task, from the checkpoint) are all it needs.
             self.class_names = list(class_names)
             return
-        self.found = labelled_images(self.image_dir)
+        self.found = labelled_images(self.image_dir, task)
+        self.task = self.found.task
         self.class_names = list(self.found.class_names)
         if class_names and list(class_names) != self.class_names:
             raise DataSettingError(
@@ -173,6 +184,7 @@ class ImageFolderDataModule(ImageDataModule):
                 f"on {list(class_names)[:5]}...; point data.image_dir at the images the model was trained on"
             )
         self.class_counts = self.found.class_counts("train")
+        self.train_images = len(self.found.splits["train"])
         if val_fraction == 0 and "val" not in self.found.splits:
             raise ValueError(
                 f"data.val_fraction is 0 and {self.image_dir} has no val split, so nothing would be validated; "
@@ -188,7 +200,7 @@ class ImageFolderDataModule(ImageDataModule):
         """The manifest's digest (every image's path, size and time, and the packing settings): what is trained on."""
         if stage == "predict" and settings.get("predict_dir"):
             return f"images:{settings['predict_dir']}"
-        found = labelled_images(settings.get("image_dir", "data/images"))
+        found = labelled_images(settings.get("image_dir", "data/images"), settings.get("task") or "auto")
         pack_settings = PackSettings(
             int(settings.get("image_size", 64)),
             settings.get("resize", "crop"),
@@ -235,7 +247,8 @@ class ImageFolderDataModule(ImageDataModule):
         if ratio >= IMBALANCE_RATIO:
             rank_zero_info(
                 f"Warning: the classes are strongly imbalanced ({max(train_counts)} training images in the largest, "
-                f"{min(train_counts)} in the smallest); model.balanced_loss: true weighs each class equally"
+                f"{min(train_counts)} in the smallest); model.class_weights: balanced weighs each class equally, "
+                "data.sampler: balanced draws each class equally often"
             )
 
     @override
@@ -274,10 +287,22 @@ class ImageFolderDataModule(ImageDataModule):
             raise DataSettingError(
                 f"{self.image_dir}: no image is left for validation; add images or raise data.val_fraction"
             )
+        if self.task == "multilabel" and stage == "fit":
+            self._check_validation_positives(val)
         self.serve(stage, train, val, test)
         self.predict_names = self.image_names(test)
         if stage in ("test", "predict") and self.tests_on_validation_set:
             rank_zero_info("Data: no test split (data.test_fraction is 0): test and predict read the validation images")
+
+    def _check_validation_positives(self, val: MemmapBatches) -> None:
+        """Each class's threshold is chosen on the validation images: refuse a class none of them shows."""
+        _, labels = val.view()
+        missing = [name for name, count in zip(self.class_names, labels.sum(axis=0), strict=True) if count == 0]
+        if missing:
+            raise DataSettingError(
+                f"{self.image_dir}: no validation image has the label {', '.join(missing[:5])}, so its threshold "
+                "cannot be chosen; add images with it (at least two) or raise data.val_fraction"
+            )
 
     def _split_rows(
         self, packed: PackedImages, labels: np.ndarray, given_val: bool, given_test: bool

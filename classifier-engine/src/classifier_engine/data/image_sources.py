@@ -8,7 +8,10 @@
 - ``path/{train,val,test}/<class>/**``: the splits as given (``val``/``valid``/``validation`` and
   ``test`` optional; a class absent from ``val`` or ``test`` is fine, one only outside ``train`` is not).
 - ``path`` is a ``.csv`` file of ``path,label`` rows (an optional third column ``split``; paths
-  relative to the CSV; a header row is recognized by its ``path`` column).
+  relative to the CSV, a missing suffix found; a header row is recognized by its first column's
+  name: ``path``, ``image``, ``image_name``, ``file``, ...). Several labels in one cell, separated
+  by spaces (``path,labels``, as Kaggle's Planet set writes ``tags``), or a header
+  ``path,<class>,<class>,...`` over 0/1 cells (optionally a ``split`` column) make it multi-label.
 - ``path`` holds ``images.npy`` and ``labels.npy`` (or ``train_images.npy``, ``val_images.npy``, ...):
   uint8 images (N, H, W, 3) or (N, 3, H, W) and integer labels 0..K-1; class names from
   ``classes.txt`` (one per line) when present.
@@ -23,10 +26,11 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
 
 from .errors import DataSettingError
 from .image_files import IMAGE_SUFFIXES, is_image_file
@@ -40,7 +44,7 @@ class Entry:
     """One image: its file (relative to the source's root) or its row in an array file, and its class."""
 
     key: str  # "cats/001.jpg", or "train_images.npy:17"
-    label: int
+    label: int | tuple[int, ...]  # the class, or (multi-label) the classes present
     size: int = 0  # bytes of the file; with mtime, what the manifest records (0 for array rows)
     mtime_ns: int = 0
 
@@ -54,13 +58,26 @@ class LabelledImages:
     class_names: list[str]
     splits: dict[str, list[Entry]]
     array_files: list[Path] = field(default_factory=list)  # for "arrays": the files behind the rows
+    task: str = "multiclass"  # or "multilabel": each entry's label is a tuple of classes
 
     def count(self) -> int:
         return sum(len(entries) for entries in self.splits.values())
 
     def class_counts(self, split: str = "train") -> list[int]:
-        counts = np.bincount([entry.label for entry in self.splits.get(split, [])], minlength=len(self.class_names))
+        """Images of each class in ``split`` (multi-label: images the class is present in)."""
+        counts = np.zeros(len(self.class_names), dtype=np.int64)
+        for entry in self.splits.get(split, []):
+            counts[list(entry.label) if isinstance(entry.label, tuple) else entry.label] += 1
         return [int(count) for count in counts]
+
+    def as_multilabel(self) -> LabelledImages:
+        """The same images with each class as a one-label set (``data.task: multilabel`` on single-label data)."""
+        splits = {
+            split: [replace(entry, label=entry.label if isinstance(entry.label, tuple) else (entry.label,))
+                    for entry in entries]
+            for split, entries in self.splits.items()
+        }  # fmt: skip
+        return replace(self, splits=splits, task="multilabel")
 
 
 def _refuse(path: Path, problem: str, fix: str) -> DataSettingError:
@@ -147,36 +164,87 @@ def _sorted_labels(labels: set[str]) -> list[str]:
         return sorted(labels)
 
 
-def _from_csv(csv_path: Path) -> LabelledImages:
-    root = csv_path.parent
+HEADER_NAMES = {"path", "image", "image_name", "image_id", "file", "filename", "id"}
+LABELS_HEADER = {"label", "labels", "tags", "class", "classes"}
+
+
+def _csv_rows(csv_path: Path) -> tuple[list[str] | None, list[list[str]]]:
+    """(the header row or None, the data rows), cells stripped; a header is recognized by its first column's name."""
     with open(csv_path, newline="", encoding="utf-8-sig") as handle:
-        rows = [row for row in csv.reader(handle) if row and any(cell.strip() for cell in row)]
-    if rows and rows[0][0].strip().lower() == "path":
-        rows = rows[1:]
+        rows = [[cell.strip() for cell in row] for row in csv.reader(handle) if row and any(c.strip() for c in row)]
+    if rows and rows[0][0].lower() in HEADER_NAMES:
+        return rows[0], rows[1:]
+    return None, rows
+
+
+def _image_path(root: Path, name: str) -> Path:
+    """The file a row names (relative to the CSV); a name without a suffix may leave out .jpg, .png, ..."""
+    path = Path(name) if Path(name).is_absolute() else root / name
+    if not path.suffix and not path.is_file():
+        found = next((path.with_suffix(s) for s in IMAGE_SUFFIXES if path.with_suffix(s).is_file()), None)
+        return found or path
+    return path
+
+
+def _one_hot_columns(header: list[str] | None, rows: list[list[str]]) -> list[str]:
+    """The class columns of a ``path,<class>,<class>,...`` CSV of 0/1 cells, or [] for a ``path,label(s)`` CSV."""
+    if header is None or len(header) < 3 or header[1].lower() in LABELS_HEADER:
+        return []
+    columns = [name for name in header[1:] if name.lower() != "split"]
+    return columns if all(cell in ("0", "1", "") for row in rows for cell in row[1 : 1 + len(columns)]) else []
+
+
+def _from_csv(csv_path: Path, task: str) -> LabelledImages:
+    """A ``path,label`` list (several labels separated by spaces: multi-label), or one 0/1 column per class."""
+    root = csv_path.parent
+    header, rows = _csv_rows(csv_path)
     if not rows:
         raise _refuse(csv_path, "lists no images", "write one 'path,label' row per image")
-    bad = next((number for number, row in enumerate(rows, 1) if len(row) < 2 or not row[1].strip()), None)
-    if bad is not None:
-        raise _refuse(csv_path, f"row {bad} has no label", "write 'path,label' (and optionally ',split') per row")
-    class_names = _sorted_labels({row[1].strip() for row in rows})
+    classes = _one_hot_columns(header, rows)
+    split_column = (
+        header.index(next(name for name in header if name.lower() == "split"))
+        if header and any(name.lower() == "split" for name in header)
+        else (2 if not classes else None)
+    )
+    if classes:
+        tags = [[name for name, cell in zip(classes, row[1:], strict=False) if cell == "1"] for row in rows]
+    else:
+        tags = [row[1].split() if len(row) > 1 else [] for row in rows]
+    several = next((number for number, given in enumerate(tags, 1) if len(given) > 1), None)
+    multilabel = task == "multilabel" or (task == "auto" and (bool(classes) or several is not None))
+    if not multilabel:
+        if several is not None:
+            raise _refuse(
+                csv_path,
+                f"row {several} gives {len(tags[several - 1])} labels and data.task is multiclass",
+                "set data.task: multilabel (or auto) to train on several labels per image",
+            )
+        bad = next((number for number, given in enumerate(tags, 1) if not given), None)
+        if bad is not None:
+            raise _refuse(csv_path, f"row {bad} has no label", "write 'path,label' (and optionally ',split') per row")
+    class_names = list(classes) if classes else _sorted_labels({tag for given in tags for tag in given})
     _check_classes(csv_path, class_names)
-    labels = {name: index for index, name in enumerate(class_names)}
+    index = {name: position for position, name in enumerate(class_names)}
     splits: dict[str, list[Entry]] = {}
-    for number, row in enumerate(rows, 1):
-        path = (root / row[0].strip()).resolve() if not Path(row[0].strip()).is_absolute() else Path(row[0].strip())
+    for number, (row, given) in enumerate(zip(rows, tags, strict=True), 1):
+        path = _image_path(root, row[0])
         if not path.is_file():
-            raise _refuse(csv_path, f"row {number} names {row[0].strip()}, which does not exist", "fix the path")
-        split = SPLIT_FOLDERS.get(row[2].strip().lower(), "") if len(row) > 2 and row[2].strip() else "train"
+            raise _refuse(csv_path, f"row {number} names {row[0]}, which does not exist", "fix the path")
+        cell = row[split_column] if split_column is not None and len(row) > split_column else ""
+        split = SPLIT_FOLDERS.get(cell.lower(), "") if cell else "train"
         if not split:
-            raise _refuse(csv_path, f"row {number} has the split {row[2].strip()!r}", "use train, val or test")
+            raise _refuse(csv_path, f"row {number} has the split {cell!r}", "use train, val or test")
         stat = path.stat()
-        key = os.path.relpath(path, root)
-        splits.setdefault(split, []).append(
-            Entry(Path(key).as_posix(), labels[row[1].strip()], stat.st_size, stat.st_mtime_ns)
-        )
+        label = tuple(sorted(index[tag] for tag in set(given))) if multilabel else index[given[0]]
+        key = Path(os.path.relpath(path, root)).as_posix()
+        splits.setdefault(split, []).append(Entry(key, label, stat.st_size, stat.st_mtime_ns))
     if "train" not in splits:
         raise _refuse(csv_path, "has no training rows", "leave the split column empty or 'train' for training images")
-    return LabelledImages(root, "csv", class_names, splits)
+    found = LabelledImages(root, "csv", class_names, splits, task="multilabel" if multilabel else "multiclass")
+    if multilabel and task == "auto":
+        how = "one 0/1 column per class" if classes else "rows with several labels"
+        rank_zero_info(f"Data: {csv_path.name} gives {how}: data.task is multilabel (one sigmoid per class)")
+    return found
 
 
 def array_pair(folder: Path, split: str) -> tuple[Path, Path] | None:
@@ -239,11 +307,15 @@ def _from_arrays(folder: Path) -> LabelledImages:
     return LabelledImages(folder, "arrays", class_names, splits, files)
 
 
-def find_images(path: Path) -> LabelledImages:
-    """Every labelled image under ``path`` (see the module's docstring); one ``DataSettingError`` line if none."""
+def find_images(path: Path, task: str = "auto") -> LabelledImages:
+    """Every labelled image under ``path`` (see the module's docstring); one ``DataSettingError`` line if none.
+
+    ``task``: auto (multi-label when a CSV gives several labels per image or 0/1 class columns),
+    multiclass or multilabel (every image a set of labels, even one each).
+    """
     path = Path(path).expanduser()
     if path.is_file() and path.suffix.lower() == ".csv":
-        found = _from_csv(path)
+        found = _from_csv(path, task)
     elif not path.exists():
         raise _refuse(
             path, "does not exist", "point it at a folder of class folders, a .csv list or a folder of .npy arrays"
@@ -258,4 +330,4 @@ def find_images(path: Path) -> LabelledImages:
         found = _from_folders(path)
     if not found.splits.get("train"):
         raise _refuse(path, "holds no training images", "add images (image_dir/<class>/*.jpg)")
-    return found
+    return found.as_multilabel() if task == "multilabel" and found.task != "multilabel" else found

@@ -26,6 +26,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
@@ -103,3 +104,25 @@ class TrainerEpochSampler(DistributedSampler):
         if epoch is not None:
             self.epoch = epoch
         return super().__iter__()
+
+
+class BalancedEpochSampler(TrainerEpochSampler):
+    """Draws each class equally often: ``weights`` per image, with replacement, an epoch's worth per rank.
+
+    The draw of epoch e comes from (seed, e) alone and is dealt round-robin over the ranks, so it is
+    disjoint per draw, the same on every rank count's shards, and a resumed run sees the batches the
+    uninterrupted one would (the loader skips those already trained, as for the shuffled order).
+    """
+
+    def __init__(self, dataset: Dataset, current_epoch: Callable[[], int | None], weights: torch.Tensor,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(dataset, current_epoch, **kwargs)
+        self.weights = weights.double()
+
+    def __iter__(self) -> Iterator[int]:
+        epoch = self.current_epoch()
+        if epoch is not None:
+            self.epoch = epoch
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        drawn = torch.multinomial(self.weights, self.total_size, replacement=True, generator=generator)
+        return iter(drawn[self.rank : self.total_size : self.num_replicas].tolist())

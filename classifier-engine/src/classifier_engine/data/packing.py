@@ -177,6 +177,22 @@ def _check_space(folder: Path, needed: int) -> None:
         )
 
 
+def label_array(labels: list, found: LabelledImages) -> np.ndarray:
+    """Class indices (N,) int64, or for multi-label data a (N, classes) uint8 array of 0/1."""
+    if found.task != "multilabel":
+        return np.asarray(labels, dtype=np.int64)
+    array = np.zeros((len(labels), len(found.class_names)), dtype=np.uint8)
+    for row, present in enumerate(labels):
+        array[row, list(present)] = 1
+    return array
+
+
+def per_class_counts(labels: np.ndarray, classes: int) -> list[int]:
+    """Images of each class (multi-label: images each class is present in)."""
+    counts = labels.sum(axis=0) if labels.ndim == 2 else np.bincount(labels, minlength=classes)
+    return [int(count) for count in counts]
+
+
 def _write_split(
     partial: Path, split: str, found: LabelledImages, settings: PackSettings, workers: int, strict: bool, bar: tqdm
 ) -> tuple[int, list[str], list[str]]:
@@ -210,7 +226,7 @@ def _write_split(
         kept.flush()
         del images, kept
         os.replace(partial / f".{split}.npy", partial / f"{split}_images.npy")
-    np.save(partial / f"{split}_labels.npy", np.asarray(labels, dtype=np.int64))
+    np.save(partial / f"{split}_labels.npy", label_array(labels, found))
     (partial / f"{split}_files.txt").write_text("".join(f"{key}\n" for key in keys), encoding="utf-8")
     return len(keys), keys, bad
 
@@ -221,8 +237,7 @@ def _pack_into(partial: Path, found: LabelledImages, settings: PackSettings, wor
         for split in sorted(found.splits, key=("train", "val", "test").index):
             count, _, bad_here = _write_split(partial, split, found, settings, workers, strict, bar)
             counts[split] = count
-            labels = np.load(partial / f"{split}_labels.npy")
-            class_counts[split] = np.bincount(labels, minlength=len(found.class_names)).tolist()
+            class_counts[split] = per_class_counts(np.load(partial / f"{split}_labels.npy"), len(found.class_names))
             bad += bad_here
     if bad:
         (partial / BAD_IMAGES).write_text("".join(f"{line}\n" for line in bad), encoding="utf-8")
@@ -232,6 +247,7 @@ def _pack_into(partial: Path, found: LabelledImages, settings: PackSettings, wor
         "layout": found.layout,
         **settings.recorded(),
         "class_names": found.class_names,
+        "task": found.task,
         "counts": counts,
         "class_counts": class_counts,
         "bad_images": len(bad),

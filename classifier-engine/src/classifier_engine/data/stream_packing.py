@@ -180,6 +180,11 @@ def pack_to_store(
     node_rank: int = 0,
 ) -> dict[str, Any]:
     """Pack ``found`` at ``output``; returns the dataset record (``dataset.json``) the last node writes."""
+    if found.task == "multilabel":
+        raise DataSettingError(
+            f"{found.root} has several labels per image, which a streamed store does not hold (one label per image); "
+            "train on it with ImageFolderDataModule (configs/images.yaml)"
+        )
     configure_store_client()
     digest = manifest_digest(found, settings)
     existing = read_record(output, storage_options)

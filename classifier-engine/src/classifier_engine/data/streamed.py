@@ -103,6 +103,11 @@ class StreamedImageDataModule(ImageDataModule):
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
         super().__init__(**kwargs)
+        if self.sampler != "shuffle":
+            raise ValueError(
+                "data.sampler: balanced draws from memory-mapped images; a streamed store is read in its shuffled "
+                "order (use model.class_weights: balanced for imbalanced classes)"
+            )
         self.source = check_location(source, "data.source")
         self.storage_options = dict(storage_options or {})
         self.cache_dir = Path(cache_dir).expanduser()

@@ -34,6 +34,7 @@ from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
 from .launch import launched_as_rank_zero, leave_the_process_group
 from .loggers import check_tracker_packages, experiment_dir
+from .monitors import monitor_what_the_labels_have
 from .noise import silence_known_noise
 from .resolution import resolve_checkpoint
 from .run import Run
@@ -126,12 +127,12 @@ class TrainerCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for key in ("num_classes", "class_names", "mean", "std", "image_size", "class_counts"):
+        for key in ("num_classes", "class_names", "mean", "std", "image_size", "class_counts", "task", "train_images"):
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
         for action in parser._actions:  # argparse's list; no public route to an action (test_private_routes)
             # The help names the project's networks (the docstring); jsonargparse would append every
             # nn.Module subclass that torch and torchvision define, some 600 lines.
-            if action.dest == "model.backbone":
+            if action.dest in ("model.backbone", "model.loss"):
                 action.extra_help = lambda: ""
         parser.add_class_arguments(Safety, "safety")
         parser.add_argument(
@@ -191,7 +192,11 @@ class TrainerCLI(LightningCLI):
         # 64 px is evaluated at 64 px), and the classes are the model's (a new folder needs only the checkpoint).
         data = self.config[subcommand].data
         record = Preprocessing.of_checkpoint(stored)
-        trained = {"class_names": hparams.get("class_names"), **(record.as_dict() if record else {})}
+        trained = {
+            "class_names": hparams.get("class_names"),
+            "task": hparams.get("task"),
+            **(record.as_dict() if record else {}),
+        }
         for key, value in trained.items():
             if value is not None and data.get("init_args") is not None and key in data.init_args:
                 data.init_args[key] = value
@@ -225,7 +230,9 @@ class TrainerCLI(LightningCLI):
         run_dir = self.run.directory if self.run is not None else Path(trainer.get("default_root_dir") or ".")
         callbacks = [*as_list(trainer.get("callbacks")), *safety.callbacks(run_dir)]
         plugins, self.checkpoint_writer = with_atomic_writes(trainer.get("plugins"))
-        return super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
+        built = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
+        monitor_what_the_labels_have(built, self.model)
+        return built
 
     @override
     def _run_subcommand(self, subcommand: str) -> None:

@@ -42,6 +42,16 @@ EXCLUDED_KEYS: tuple[str, ...] = (
     "data.init_args.pin_memory",  # how batches are copied, not what they hold
     "data.init_args.storage",  # where the same batches are gathered (memory map or device); they are identical
 )
+# Settings added after 1.0, each at the value that computes what 1.0 computed: left out of the hash at that
+# value, so a run of an earlier 1.x release keeps its name (and resumes) under this one.
+ADDED_SINCE_1_0: dict[str, Any] = {
+    "model.class_weights": None,
+    "model.loss": None,
+    "model.reject_with": "msp",  # fitted after each validation; training is unchanged
+    "model.keep_correct": 0.95,
+    "data.init_args.task": "auto",
+    "data.init_args.sampler": "shuffle",
+}
 # Keys left out when another key, set, replaces them (what is left is what the run computes with).
 REPLACED_BY: dict[str, str] = {
     # the per-device batch then follows from the global one
@@ -81,4 +91,7 @@ def canonical_config(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_
             _drop(pruned, key.split("."))
     for key in excluded:
         _drop(pruned, key.split("."))
+    for key, value in ADDED_SINCE_1_0.items():
+        if _value(pruned, key.split(".")) == value:
+            _drop(pruned, key.split("."))
     return json.dumps(pruned, sort_keys=True, separators=(",", ":"), default=str)

@@ -27,9 +27,13 @@ class TrainingTotals:
         self.batches = 0
 
     def add(self, loss: Tensor, logits: Tensor, labels: Tensor) -> None:
-        """Count one batch (``loss`` is its mean)."""
-        hits = logits.detach().topk(self.top_k, dim=1).indices == labels.unsqueeze(1)
-        batch = torch.stack((loss.detach().to(_sum_dtype(loss.device)) * labels.shape[0], hits[:, 0].sum(), hits.sum()))
+        """Count one batch (``loss`` is its mean; ``labels``: class indices, or multi-label 0/1 rows)."""
+        top = logits.detach().topk(self.top_k, dim=1).indices
+        # Multi-label rows (N, classes): a hit is a predicted class the image has.
+        hits = labels.gather(1, top) >= 0.5 if labels.dim() == 2 else top == labels.unsqueeze(1)
+        batch = torch.stack(
+            (loss.detach().to(_sum_dtype(loss.device)) * labels.shape[0], hits[:, 0].sum(), hits.any(dim=1).sum())
+        )
         self.sums = batch if self.sums is None else self.sums.add_(batch)
         self.images += labels.shape[0]
         self.batches += 1

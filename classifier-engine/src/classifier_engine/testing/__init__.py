@@ -55,3 +55,47 @@ def write_image_folder(
             (image if kind != 2 else image.convert("RGBA")).save(path, **({"quality": 95} if kind == 0 else {}))
             os.utime(path, ns=(1_700_000_000_000_000_000 + index, 1_700_000_000_000_000_000 + index))
     return folder
+
+
+# Colours of the patches ``write_multilabel_images`` paints, one per label (a tiny network tells them apart).
+PATCH_COLOURS = ((230, 30, 30), (30, 200, 40), (40, 60, 230), (240, 220, 30))
+
+
+def write_multilabel_images(
+    folder: Path,
+    count: int = 160,
+    classes: tuple[str, ...] = ("red", "green", "blue", "yellow"),
+    seed: int = 0,
+    one_hot: bool = False,
+) -> Path:
+    """Photos with a patch of each of their labels' colours, listed in ``folder/labels.csv``; returns the CSV.
+
+    Each image has one to three labels (some none at all), drawn at random; the CSV is ``path,labels``
+    with the labels separated by spaces (Kaggle Planet's ``tags``), or with ``one_hot`` a header
+    ``path,<class>,...`` over 0/1 cells.
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for index in range(count):
+        present = [k for k in range(len(classes)) if rng.random() < 0.4]
+        pixels = np.full((48, 48, 3), 128, dtype=np.int64) + rng.integers(-20, 21, (48, 48, 3))
+        for k in present:
+            top, left = (int(side) for side in rng.integers(0, 30, 2))
+            pixels[top : top + 18, left : left + 18] = PATCH_COLOURS[k % len(PATCH_COLOURS)]
+        path = folder / "images" / f"{index:04d}.png"
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path)
+        os.utime(path, ns=(1_700_000_000_000_000_000 + index, 1_700_000_000_000_000_000 + index))
+        rows.append((f"images/{path.name}", present))
+    csv_path = folder / "labels.csv"
+    if one_hot:
+        lines = ["path," + ",".join(classes)]
+        lines += [
+            f"{name}," + ",".join("1" if k in present else "0" for k in range(len(classes))) for name, present in rows
+        ]
+    else:
+        lines = ["path,labels"] + [f"{name},{' '.join(classes[k] for k in present)}" for name, present in rows]
+    csv_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return csv_path

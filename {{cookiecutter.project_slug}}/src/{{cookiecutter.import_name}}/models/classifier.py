@@ -14,10 +14,19 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from classifier_engine.foundation.logging_steps import at_logging_step
+from classifier_engine.models.calibration import CHECKPOINT_KEY, Calibration, RejectionScore
+from classifier_engine.models.labels import (
+    ClassWeights,
+    LossFactory,
+    Task,
+    build_loss,
+    evaluation_metrics,
+    is_imbalanced,
+    loss_weights,
+)
 from classifier_engine.models.training_totals import TrainingTotals
 
 from .backbones import BackboneFactory, FastCNN, build_backbone, head_of
@@ -44,21 +53,12 @@ class Normalize(nn.Module):
         return images.float() * self.scale - self.shift
 
 
-def class_weights(class_counts: list[int] | None, balanced: bool) -> Tensor | None:
-    """Loss weights that make every class count equally (N / (K x count)), or None for the plain loss."""
-    if not balanced:
-        return None
-    if not class_counts or min(class_counts) <= 0:
-        raise ValueError(
-            "model.balanced_loss needs the training images per class, which this data does not give "
-            f"(class_counts: {class_counts}); set model.balanced_loss to false"
-        )
-    counts = torch.tensor(class_counts, dtype=torch.float32)
-    return counts.sum() / (len(counts) * counts)
-
-
 class ImageClassifier(L.LightningModule):
-    """Trains any backbone on uint8 images with label-smoothed cross-entropy; the recipe's parts are arguments.
+    """Trains any backbone on uint8 images, one label or a set of labels each; the recipe's parts are arguments.
+
+    After each validation of ``fit`` it fits its calibration on the validation images (temperature,
+    multi-label thresholds, the "unknown" threshold: ``classifier_engine.models.calibration``), which
+    every checkpoint keeps and predict, test and export use.
 
     The network, the learning-rate schedule and the test-time augmentation are objects the config
     builds (``class_path``), as the optimizer is; what a recipe does to training beyond that is a
@@ -73,9 +73,15 @@ class ImageClassifier(L.LightningModule):
         std: tuple[float, float, float] = (0.25, 0.25, 0.25),
         image_size: int = 32,
         class_counts: list[int] | None = None,
+        task: Task = "multiclass",
+        train_images: int | None = None,
         backbone: BackboneFactory | None = None,
         label_smoothing: float = 0.1,
+        class_weights: ClassWeights = None,
         balanced_loss: bool = False,
+        loss: LossFactory | None = None,
+        reject_with: RejectionScore = "msp",
+        keep_correct: float = 0.95,
         optimizer: OptimizerCallable | None = None,
         lr_schedule: ScheduleFactory | None = None,
         norm_bias_lr_scale: float = 1.0,
@@ -95,11 +101,19 @@ class ImageClassifier(L.LightningModule):
             std: Per-channel standard deviation of the data in [0, 1] (linked from the data).
             image_size: Side in pixels of the square images (linked from the data).
             class_counts: Training images per class, when the data knows them (linked from the data).
+            task: multiclass (softmax, one label each) or multilabel (a sigmoid per class; linked from the data).
+            train_images: Training images class_counts counts (linked from the data; multi-label weights need it).
             backbone: The network: a class taking num_classes first (models/backbones.py: FastCNN, AirBench,
                 CifarResNet; or your own nn.Module); defaults to FastCNN.
-            label_smoothing: Label smoothing of the cross-entropy loss.
-            balanced_loss: Weigh each class's loss by the inverse of its share of the training images, so
-                every class counts equally (for imbalanced data; needs class_counts from the data).
+            label_smoothing: Label smoothing of the cross-entropy loss (multi-class).
+            class_weights: Weight of each class in the loss: null (all 1), balanced (the inverse of each class's
+                share of the training images; multi-label: negatives / positives, as pos_weight) or {class: weight}.
+            balanced_loss: The same as class_weights: balanced (the name of releases before 1.2).
+            loss: The training loss instead of the task's own (cross-entropy, or BCE with logits for multi-label),
+                e.g. class_path: timm.loss.AsymmetricLossMultiLabel; called with the class weights, if any.
+            reject_with: Which score answers "unknown" (multi-class predict): msp (the highest calibrated
+                probability), energy (T x logsumexp of the logits over T) or none (always a class).
+            keep_correct: The "unknown" threshold keeps this share of the correct validation answers.
             optimizer: Optimizer class and arguments; defaults to SGD(lr=0.1, momentum=0.9, nesterov, wd=5e-4).
             lr_schedule: Per-step learning-rate schedule over the whole run (models/schedules.py: OneCycle,
                 WarmupCosine, Triangle, Constant; OneCycle by default); an extended run re-plans it.
@@ -132,15 +146,12 @@ class ImageClassifier(L.LightningModule):
         if channels_last:
             self.backbone.to(memory_format=torch.channels_last)
         self.compiled_backbone: Callable[[Tensor], Tensor] | None = None
-        self.criterion = nn.CrossEntropyLoss(
-            weight=class_weights(class_counts, balanced_loss), label_smoothing=label_smoothing
-        )
-        metrics = MetricCollection(
-            {
-                "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
-                "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
-            }
-        )
+        weights = loss_weights(class_weights or ("balanced" if balanced_loss else None), self.class_names,
+                               class_counts, task, train_images)  # fmt: skip
+        self.criterion = build_loss(task, loss, weights, label_smoothing)
+        self.multilabel = task == "multilabel"
+        self.calibration = Calibration(task, num_classes, reject_with, keep_correct)
+        metrics = evaluation_metrics(task, num_classes, imbalanced=is_imbalanced(class_counts))
         self.training_totals = TrainingTotals(num_classes)
         self._restored_totals: dict[str, Any] | None = None
         self.val_metrics = metrics.clone(prefix="val/")
@@ -196,31 +207,57 @@ class ImageClassifier(L.LightningModule):
             )
 
     def network(self) -> nn.Sequential:
-        """The inference network alone (shared modules, no trainer attached): safe to copy and profile."""
-        return nn.Sequential(self.normalize, self.backbone)
+        """The inference network alone (shared modules, no trainer attached): safe to copy and profile.
+
+        It outputs calibrated logits (over the fitted temperature): what every exported file computes.
+        """
+        return nn.Sequential(self.normalize, self.backbone, self.calibration.scaling())
+
+    def _targets(self, labels: Tensor) -> Tensor:
+        """Multi-label rows of 0/1 (or mixed shares) as floats; class indices or shares as they are."""
+        return labels.float() if self.multilabel else labels
 
     def _evaluation_step(self, batch: tuple[Tensor, Tensor], metrics: MetricCollection, stage: str) -> Tensor:
         images, labels = batch
         logits = self.evaluate(images, self._all_views_now())
-        metrics.update(logits, labels)
-        self.log(f"{stage}/loss", self.criterion(logits, labels), on_epoch=True, prog_bar=True, sync_dist=True)
+        metrics.update(logits, labels.long() if self.multilabel else labels)
+        loss = self.criterion(logits, self._targets(labels))
+        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=True, sync_dist=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=True)
         return logits
 
     @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        """``labels`` are class indices, or (N, classes) shares when the data mixes images (MixUp, CutMix)."""
+        """``labels``: class indices, (N, classes) shares when the data mixes images, or multi-label 0/1 rows."""
         images, labels = batch
         logits = self(images)
-        loss = self.criterion(logits, labels)
-        # Mixed images count as their larger share's class, so train/top1 still compares with val/top1.
-        self.training_totals.add(loss, logits, labels.argmax(dim=1) if labels.dim() == 2 else labels)
+        loss = self.criterion(logits, self._targets(labels))
+        # Mixed images count as their larger share's class, so train/top1 still compares with val/top1
+        # (multi-label: train/top1 is the share of images whose most probable label is one of theirs).
+        mixed = labels.dim() == 2 and not self.multilabel
+        self.training_totals.add(loss, logits, labels.argmax(dim=1) if mixed else labels)
         return loss
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         """Returns the logits, for callbacks such as the confusion matrix."""
-        return self._evaluation_step(batch, self.val_metrics, "val").detach()
+        logits = self._evaluation_step(batch, self.val_metrics, "val").detach()
+        if self._fits_calibration():
+            self.calibration.collect(logits, batch[1])
+        return logits
+
+    def _fits_calibration(self) -> bool:
+        return self.trainer.state.fn == "fit" and not self.trainer.sanity_checking
+
+    @override
+    def on_validation_epoch_start(self) -> None:
+        self.calibration.reset()
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        # Fitted on this validation's images, before the checkpoints of this validation are written.
+        if self._fits_calibration():
+            self.log_dict({f"val/{name}": value for name, value in self.calibration.fit().items()})
 
     @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
@@ -228,9 +265,13 @@ class ImageClassifier(L.LightningModule):
         return self._evaluation_step(batch, self.test_metrics, "test").detach()
 
     @override
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        """Class probabilities for each image."""
-        return self.evaluate(batch[0]).softmax(dim=-1)
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """Calibrated probabilities, and which images get an answer (multi-label: which labels each gets)."""
+        logits = self.evaluate(batch[0])
+        probabilities = self.calibration.probabilities(logits)
+        if self.multilabel:
+            return {"probabilities": probabilities, "labels": self.calibration.given_labels(probabilities)}
+        return {"probabilities": probabilities, "answered": self.calibration.answered(logits)}
 
     @override
     def configure_optimizers(self):
@@ -280,10 +321,12 @@ class ImageClassifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainer = self.trainer
         checkpoint["training_totals"] = self.training_totals.state_dict(trainer.strategy, trainer.current_epoch)
+        checkpoint[CHECKPOINT_KEY] = self.calibration.record()
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._restored_totals = checkpoint.get("training_totals")
+        self.calibration.restore(checkpoint.get(CHECKPOINT_KEY))
 
     @override
     def on_train_start(self) -> None:
