@@ -130,7 +130,9 @@ def test_validate_and_predict_a_checkpoint(trained, monkeypatch):
     predicted = TrainerCLI(
         ImageClassifier, args=["predict", *eval_args(root / "data", last), "--return_predictions=true"]
     )
-    probabilities = torch.cat(predicted.trainer.predict_loop.predictions)
+    answers = predicted.trainer.predict_loop.predictions
+    probabilities = torch.cat([answer["probabilities"] for answer in answers])
+    assert torch.cat([answer["answered"] for answer in answers]).dtype == torch.bool
     assert probabilities.shape[0] == 64
     assert torch.allclose(probabilities.sum(dim=1), torch.ones(64), atol=1e-5)
 

@@ -271,6 +271,20 @@ def test_a_run_on_a_folder_of_images_stopped_mid_epoch_resumes_to_exactly_the_un
     reference_and_resumed(tmp_path, reference, args, [kill], write_data=image_folder)
 
 
+def imbalanced_folder(data_dir: Path) -> None:
+    write_image_folder(data_dir / "images", classes=("common", "other"), per_class=30)
+    write_image_folder(data_dir / "images", classes=("rare",), per_class=4)
+
+
+@pytest.mark.every_render
+def test_a_balanced_sampler_run_stopped_by_sigterm_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference):
+    # Each epoch's draw (with replacement, each class alike) comes from (seed, epoch): the resumed run draws the
+    # same batches and skips those already trained, as the shuffled order does.
+    args = images_args("data/images", "--trainer.max_epochs=3", "--data.num_workers=2", "--data.sampler=balanced",
+                       KILL_PROBE)  # fmt: skip
+    reference_and_resumed(tmp_path, reference, args, ["train_batch:1:2@SIGTERM"], write_data=imbalanced_folder)
+
+
 @pytest.mark.every_render
 def test_the_default_fine_tune_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference):
     # configs/images.yaml as shipped, its automatic choices left to the folder (a batch of 16: 3 steps an epoch):

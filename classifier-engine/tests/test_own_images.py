@@ -21,7 +21,6 @@ from cifar_classifier.models.backbones import (
     TorchvisionNet,
     build_backbone,
 )
-from cifar_classifier.models.classifier import class_weights
 from PIL import Image
 
 from classifier_engine.data import ImageFolderDataModule, packing
@@ -37,6 +36,7 @@ from classifier_engine.data.packing import (
     packed_folder,
 )
 from classifier_engine.foundation.files import NoSpaceError
+from classifier_engine.models.labels import loss_weights
 
 from .conftest import PHOTO_ROOT, images_args, run_cli, write_image_folder
 
@@ -451,16 +451,21 @@ def test_torchvisions_pretrained_weights_train_the_head_alone_first(tmp_path):
     assert state["backbone.network.fc.weight"].shape == (3, 512)
 
 
-def test_balanced_loss_weighs_each_class_by_the_inverse_of_its_share():
-    weights = class_weights([10, 30], balanced=True)
+def test_class_weights_balanced_or_given_by_name_weigh_the_loss():
+    weights = loss_weights("balanced", ["a", "b"], [10, 30], "multiclass", 40)
     assert torch.allclose(weights, torch.tensor([2.0, 2 / 3]))
-    model = ImageClassifier(
-        num_classes=2, class_counts=[10, 30], balanced_loss=True, backbone=partial(FastCNN, width=4)
-    )
-    assert torch.equal(model.criterion.weight, weights)
-    assert class_weights([10, 30], balanced=False) is None
-    with pytest.raises(ValueError, match=r"set model\.balanced_loss to false"):
-        class_weights(None, balanced=True)
+    for spelled in ({"class_weights": "balanced"}, {"balanced_loss": True}):  # the 1.0 name still means the same
+        model = ImageClassifier(num_classes=2, class_counts=[10, 30], backbone=partial(FastCNN, width=4), **spelled)
+        assert torch.equal(model.criterion.weight, weights)
+    assert loss_weights(None, ["a", "b"], [10, 30], "multiclass", 40) is None
+    given = loss_weights({"b": 3.0}, ["a", "b"], None, "multiclass", None)
+    assert torch.equal(given, torch.tensor([1.0, 3.0]))
+    # Multi-label: negatives over positives of each class, as BCE's pos_weight.
+    assert torch.allclose(loss_weights("balanced", ["a", "b"], [10, 30], "multilabel", 40), torch.tensor([3.0, 1 / 3]))
+    with pytest.raises(ValueError, match=r"needs the training images of every class"):
+        loss_weights("balanced", ["a", "b"], None, "multiclass", None)
+    with pytest.raises(ValueError, match=r"names zebra, which are not classes of this data"):
+        loss_weights({"zebra": 2.0}, ["a", "b"], [1, 1], "multiclass", 2)
 
 
 def test_strongly_imbalanced_classes_are_named_after_packing(tmp_path, caplog):
@@ -473,4 +478,4 @@ def test_strongly_imbalanced_classes_are_named_after_packing(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         data.prepare_data()
     assert "strongly imbalanced (30 training images in the largest, 2 in the smallest)" in caplog.text
-    assert "model.balanced_loss: true" in caplog.text
+    assert "model.class_weights: balanced weighs each class equally" in caplog.text

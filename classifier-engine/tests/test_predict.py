@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from .conftest import DATASET, FAST_ARGS, NUM_TEST, default_config, only_run_dir, run_cli, trained_folder
@@ -40,7 +41,14 @@ def test_predict_writes_one_row_per_test_image(trained):
         assert len(top5) == 5 and {name for name, _ in top5} <= set(DATASET.class_names)
         probabilities = [float(p) for _, p in top5]
         assert probabilities == sorted(probabilities, reverse=True) and 0 < sum(probabilities) <= 1.0001
-        assert top5[0] == [row["predicted"], row["probability"]]
+        # The top class, or "unknown" below the rejection threshold fitted on the validation images.
+        assert row["predicted"] in (top5[0][0], "unknown") and top5[0][1] == row["probability"]
+    record = torch.load(next(trained.glob("runs/*/*/checkpoints/last.ckpt")), weights_only=False)["calibration"]
+    threshold = record["rejection"]["threshold"]
+    for row in table:  # the default score: the highest calibrated probability
+        assert (row["predicted"] == "unknown") == (float(row["probability"]) < threshold - 1e-4) or (
+            abs(float(row["probability"]) - threshold) < 1e-4
+        )
 
 
 def test_predict_on_a_folder_of_own_images_skips_the_unreadable_one(trained):

@@ -21,7 +21,7 @@ import lightning as L
 from ..foundation.errors import OneLineArgumentParser, exit_with
 from ..machinery.export.artifacts import FORMATS, ExportOptions, export_artifacts
 from ..machinery.export.errors import ExportError
-from ..machinery.export.model_card import int8_change, table
+from ..machinery.export.model_card import int8_change, int8_loss, table
 from ..machinery.export.quantize import CALIBRATION_METHODS
 from ..machinery.export.registry import (
     check_registry,
@@ -99,8 +99,8 @@ def report(card: dict, written: list[Path]) -> None:
     print(table(card))
     if card["int8"]:
         int8 = card["int8"]
-        change, agreement = int8_change(int8["top1_drop_points"]), 100 * int8["top1_agreement"]
-        print(f"int8 {change} of top-1 against fp32, the same class on {agreement:.2f} % of the images")
+        measure, drop, agreement = int8_loss(int8)
+        print(f"int8 {int8_change(drop)} of {measure} against fp32, {agreement}")
     if card["evaluation"].get("skipped"):
         print(f"accuracy not measured: {card['evaluation']['skipped']}")
     print(f"wrote {', '.join(str(path) for path in written)}")

@@ -194,7 +194,7 @@ class ImageDataModule(L.LightningDataModule):
         self.offline = False
         self.class_counts: list[int] | None = None  # training images per class, when known before packing
         self.task = "multiclass"  # or "multilabel": labels are (N, classes) rows of 0/1
-        self.train_images: int | None = None  # the training images class_counts counts
+        self.images_counted: int | None = None  # the training images class_counts counts
         self.title = "images"  # how the data is named in messages
 
     @property

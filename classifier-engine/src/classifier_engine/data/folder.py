@@ -184,7 +184,7 @@ class ImageFolderDataModule(ImageDataModule):
                 f"on {list(class_names)[:5]}...; point data.image_dir at the images the model was trained on"
             )
         self.class_counts = self.found.class_counts("train")
-        self.train_images = len(self.found.splits["train"])
+        self.images_counted = len(self.found.splits["train"])
         if val_fraction == 0 and "val" not in self.found.splits:
             raise ValueError(
                 f"data.val_fraction is 0 and {self.image_dir} has no val split, so nothing would be validated; "
@@ -299,9 +299,14 @@ class ImageFolderDataModule(ImageDataModule):
         _, labels = val.view()
         missing = [name for name, count in zip(self.class_names, labels.sum(axis=0), strict=True) if count == 0]
         if missing:
+            which = (
+                f"label {missing[0]}, so its threshold"
+                if len(missing) == 1
+                else (f"labels {', '.join(missing[:5])}, so their thresholds")
+            )
             raise DataSettingError(
-                f"{self.image_dir}: no validation image has the label {', '.join(missing[:5])}, so its threshold "
-                "cannot be chosen; add images with it (at least two) or raise data.val_fraction"
+                f"{self.image_dir}: no validation image has the {which} cannot be chosen; add images with it "
+                "(at least two) or raise data.val_fraction"
             )
 
     def _split_rows(

@@ -186,12 +186,16 @@ def _image_path(root: Path, name: str) -> Path:
     return path
 
 
-def _one_hot_columns(header: list[str] | None, rows: list[list[str]]) -> list[str]:
+def _one_hot_columns(csv_path: Path, header: list[str] | None, rows: list[list[str]]) -> list[str]:
     """The class columns of a ``path,<class>,<class>,...`` CSV of 0/1 cells, or [] for a ``path,label(s)`` CSV."""
-    if header is None or len(header) < 3 or header[1].lower() in LABELS_HEADER:
+    if header is None or len(header) < 3 or header[1].lower() in LABELS_HEADER | {"split"}:
         return []
     columns = [name for name in header[1:] if name.lower() != "split"]
-    return columns if all(cell in ("0", "1", "") for row in rows for cell in row[1 : 1 + len(columns)]) else []
+    for number, row in enumerate(rows, 1):
+        for name, cell in zip(columns, row[1:], strict=False):
+            if cell not in ("0", "1", ""):
+                raise _refuse(csv_path, f"row {number} has {cell!r} in the column {name}", "write 0 or 1 per class")
+    return columns
 
 
 def _from_csv(csv_path: Path, task: str) -> LabelledImages:
@@ -200,7 +204,7 @@ def _from_csv(csv_path: Path, task: str) -> LabelledImages:
     header, rows = _csv_rows(csv_path)
     if not rows:
         raise _refuse(csv_path, "lists no images", "write one 'path,label' row per image")
-    classes = _one_hot_columns(header, rows)
+    classes = _one_hot_columns(csv_path, header, rows)
     split_column = (
         header.index(next(name for name in header if name.lower() == "split"))
         if header and any(name.lower() == "split" for name in header)

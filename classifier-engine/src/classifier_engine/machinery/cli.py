@@ -127,7 +127,16 @@ class TrainerCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for key in ("num_classes", "class_names", "mean", "std", "image_size", "class_counts", "task", "train_images"):
+        for key in (
+            "num_classes",
+            "class_names",
+            "mean",
+            "std",
+            "image_size",
+            "class_counts",
+            "task",
+            "images_counted",
+        ):
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
         for action in parser._actions:  # argparse's list; no public route to an action (test_private_routes)
             # The help names the project's networks (the docstring); jsonargparse would append every

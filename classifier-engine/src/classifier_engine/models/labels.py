@@ -41,7 +41,7 @@ def loss_weights(
     class_names: Sequence[str],
     class_counts: Sequence[int] | None,
     task: Task,
-    train_images: int | None,
+    images_counted: int | None,
 ) -> Tensor | None:
     """One weight per class for the loss (multi-label: for its positive term), or None for the plain loss.
 
@@ -63,14 +63,14 @@ def loss_weights(
         return torch.tensor([float(class_weights.get(name, 1.0)) for name in class_names])
     if class_weights != "balanced":
         raise ValueError(f"model.class_weights must be null, balanced or {{class: weight}}, got {class_weights!r}")
-    if not class_counts or min(class_counts) <= 0 or (task == "multilabel" and not train_images):
+    if not class_counts or min(class_counts) <= 0 or (task == "multilabel" and not images_counted):
         raise ValueError(
             "model.class_weights: balanced needs the training images of every class, which this data does not give "
             f"(class_counts: {class_counts}); give {{class: weight}} instead"
         )
     counts = torch.tensor(class_counts, dtype=torch.float32)
     if task == "multilabel":
-        return ((train_images - counts) / counts).clamp(min=1e-3)
+        return ((images_counted - counts) / counts).clamp(min=1e-3)
     return counts.sum() / (len(counts) * counts)
 
 
@@ -102,7 +102,7 @@ def evaluation_metrics(task: Task, num_classes: int, imbalanced: bool) -> Metric
             "mAP": MultilabelAveragePrecision(num_classes, average="macro"),
             "f1_macro": MultilabelF1Score(num_classes, average="macro"),
             "f1_micro": MultilabelF1Score(num_classes, average="micro"),
-        })  # fmt: skip
+        }, compute_groups=False)  # fmt: skip
     metrics = {
         "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
         "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
@@ -110,4 +110,6 @@ def evaluation_metrics(task: Task, num_classes: int, imbalanced: bool) -> Metric
     if imbalanced:
         metrics["balanced_accuracy"] = MulticlassAccuracy(num_classes, average="macro")
         metrics["f1_macro"] = MulticlassF1Score(num_classes, average="macro")
-    return MetricCollection(metrics)
+    # No compute groups: torchmetrics would merge metrics whose states happen to be equal after the first batch
+    # (top-1 and top-5 when every image of it is right at top-1), and the merged one reports the other's value.
+    return MetricCollection(metrics, compute_groups=False)

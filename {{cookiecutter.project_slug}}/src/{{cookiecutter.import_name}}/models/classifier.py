@@ -74,7 +74,7 @@ class ImageClassifier(L.LightningModule):
         image_size: int = 32,
         class_counts: list[int] | None = None,
         task: Task = "multiclass",
-        train_images: int | None = None,
+        images_counted: int | None = None,
         backbone: BackboneFactory | None = None,
         label_smoothing: float = 0.1,
         class_weights: ClassWeights = None,
@@ -102,7 +102,7 @@ class ImageClassifier(L.LightningModule):
             image_size: Side in pixels of the square images (linked from the data).
             class_counts: Training images per class, when the data knows them (linked from the data).
             task: multiclass (softmax, one label each) or multilabel (a sigmoid per class; linked from the data).
-            train_images: Training images class_counts counts (linked from the data; multi-label weights need it).
+            images_counted: Training images class_counts counts (linked from the data; multi-label weights need it).
             backbone: The network: a class taking num_classes first (models/backbones.py: FastCNN, AirBench,
                 CifarResNet; or your own nn.Module); defaults to FastCNN.
             label_smoothing: Label smoothing of the cross-entropy loss (multi-class).
@@ -147,7 +147,7 @@ class ImageClassifier(L.LightningModule):
             self.backbone.to(memory_format=torch.channels_last)
         self.compiled_backbone: Callable[[Tensor], Tensor] | None = None
         weights = loss_weights(class_weights or ("balanced" if balanced_loss else None), self.class_names,
-                               class_counts, task, train_images)  # fmt: skip
+                               class_counts, task, images_counted)  # fmt: skip
         self.criterion = build_loss(task, loss, weights, label_smoothing)
         self.multilabel = task == "multilabel"
         self.calibration = Calibration(task, num_classes, reject_with, keep_correct)

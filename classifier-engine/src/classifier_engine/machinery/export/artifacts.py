@@ -21,13 +21,14 @@ from .contract import ExportableClassifier, sample_images
 from .errors import ExportCheckError, ExportError
 from .evaluation import (
     Accuracy,
+    LabelScores,
     Parity,
     Predictor,
-    accuracy,
+    agreement,
     all_logits,
+    judge,
     measure_parity,
     onnx_predictor,
-    top1_agreement,
     torch_predictor,
 )
 from .model_card import CARD_JSON, CARD_MARKDOWN, build_card, write_card
@@ -95,7 +96,7 @@ class Built:
     path: Path
     predictor: Predictor
     parity: Parity | None = None
-    accuracy: Accuracy | None = None
+    accuracy: Accuracy | LabelScores | None = None
     logits: np.ndarray | None = field(default=None, repr=False)
 
 
@@ -168,30 +169,46 @@ def build(options: ExportOptions, model: ExportableClassifier, data: RunData | N
     return built, calibration
 
 
-def evaluate(options: ExportOptions, model: ExportableClassifier, data: RunData, built: dict[str, Built]) -> Accuracy:
-    """Every runtime on the same held-out images; returns PyTorch eager's accuracy."""
+def label_thresholds(model: ExportableClassifier) -> np.ndarray | None:
+    """A multi-label model's thresholds (on sigmoid of the exported output), None for one label per image."""
+    calibration = getattr(model, "calibration", None)
+    if calibration is None or not calibration.multilabel:
+        return None
+    return calibration.thresholds.detach().cpu().numpy().astype(np.float64)
+
+
+def evaluate(
+    options: ExportOptions, model: ExportableClassifier, data: RunData, built: dict[str, Built]
+) -> Accuracy | LabelScores:
+    """Every runtime on the same held-out images; returns PyTorch eager's accuracy (multi-label: its scores)."""
     held_out = data.held_out
     count = len(held_out.labels) if options.eval_limit is None else min(options.eval_limit, len(held_out.labels))
-    images, labels = held_out.images[:count], held_out.labels[:count]
+    images, labels = held_out.images[:count], np.asarray(held_out.labels[:count])
+    thresholds = label_thresholds(model) if labels.ndim == 2 else None
     for artifact in built.values():
         artifact.logits = all_logits(artifact.predictor, images, options.eval_batch_size)
-        artifact.accuracy = accuracy(artifact.logits, labels)
-    return accuracy(all_logits(torch_predictor(model), images, options.eval_batch_size), labels)
+        artifact.accuracy = judge(artifact.logits, labels, thresholds)
+    return judge(all_logits(torch_predictor(model), images, options.eval_batch_size), labels, thresholds)
 
 
-def int8_report(options: ExportOptions, built: dict[str, Built], calibration: Calibration) -> dict:
+def int8_report(
+    options: ExportOptions, built: dict[str, Built], calibration: Calibration, thresholds: np.ndarray | None
+) -> dict:
+    """How much int8 loses against fp32, in top-1 points (multi-label: mAP points), and how often they agree."""
     fp32, int8 = built["onnx"], built["int8"]
-    drop = 100 * (fp32.accuracy.top1 - int8.accuracy.top1)
+    drop = 100 * (fp32.accuracy.headline - int8.accuracy.headline)
+    key = "top1" if thresholds is None else "mAP"
     report = {
-        "top1_drop_points": drop,
+        f"{key}_drop_points": drop,
         "max_drop_points": options.max_int8_drop,
-        "top1_agreement": top1_agreement(fp32.logits, int8.logits),
+        f"{'top1' if thresholds is None else 'label'}_agreement": agreement(fp32.logits, int8.logits, thresholds),
         "calibration": calibration.as_dict(),
     }
     if drop > options.max_int8_drop:
+        measure = fp32.accuracy.measure
         raise ExportCheckError(
-            f"the int8 model loses {drop:.2f} points of top-1 against fp32 ({100 * int8.accuracy.top1:.2f} % vs "
-            f"{100 * fp32.accuracy.top1:.2f} % on {fp32.accuracy.images} test images; limit --max_int8_drop "
+            f"the int8 model loses {drop:.2f} points of {measure} against fp32 ({100 * int8.accuracy.headline:.2f} % "
+            f"vs {100 * fp32.accuracy.headline:.2f} % on {fp32.accuracy.images} test images; limit --max_int8_drop "
             f"{options.max_int8_drop}); nothing was written: try more --calibration_images (now {calibration.images}), "
             "another --calibration_method (minmax, percentile, entropy), or ship fp32 with --formats onnx,pt2"
         )
@@ -218,7 +235,9 @@ def describe(artifact: Built) -> dict:
     }
 
 
-def evaluation_record(options: ExportOptions, data: RunData | None, skipped: str | None, eager: Accuracy | None):
+def evaluation_record(
+    options: ExportOptions, data: RunData | None, skipped: str | None, eager: Accuracy | LabelScores | None
+):
     if data is None or eager is None:
         return {"skipped": skipped}
     return {
@@ -246,7 +265,8 @@ def export_artifacts(options: ExportOptions, model_class: type) -> Exported:
     with StagedFiles(options.folder()) as staged, tempfile.TemporaryDirectory(prefix="export-") as work:
         built, calibration = build(options, model, data, staged, Path(work))
         eager = evaluate(options, model, data, built) if data is not None else None
-        int8 = int8_report(options, built, calibration) if calibration is not None else None
+        thresholds = label_thresholds(model) if data is not None and np.ndim(data.held_out.labels) == 2 else None
+        int8 = int8_report(options, built, calibration, thresholds) if calibration is not None else None
         shipped = {name: describe(artifact) for name, artifact in built.items() if name in options.formats}
         card = build_card(
             model,

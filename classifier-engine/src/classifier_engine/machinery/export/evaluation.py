@@ -1,4 +1,4 @@
-"""Top-1/top-5 accuracy of a runtime on real test images, and how often two runtimes agree.
+"""Top-1/top-5 accuracy (multi-label: mAP and F1) of a runtime on real test images, and how often two runtimes agree.
 
 Every artifact is judged by the runtime that will serve it (onnxruntime for the ONNX files, the
 loaded ExportedProgram for ``.pt2``, the LightningModule for eager), on the same images in the
@@ -36,8 +36,45 @@ class Accuracy:
     def top5(self) -> float:
         return self.top5_correct / self.images
 
+    measure = "top-1"
+
+    @property
+    def headline(self) -> float:
+        """The figure an int8 loss is measured in."""
+        return self.top1
+
     def as_dict(self) -> dict[str, float | int]:
         return {**asdict(self), "top1": self.top1, "top5": self.top5}
+
+
+@dataclass(frozen=True)
+class LabelScores:
+    """A multi-label runtime's answers, each label given at its class's threshold on sigmoid(output).
+
+    The counts let a reader recompute micro-F1 exactly; mAP is threshold-free (torchmetrics', macro over
+    the classes present in the images).
+    """
+
+    images: int
+    mAP: float  # noqa: N815 (the name the field knows it by, as the card and the metrics spell it)
+    f1_macro: float
+    true_positives: int  # labels given that the image has
+    labels_given: int
+    labels_present: int
+
+    measure = "mAP"
+
+    @property
+    def f1_micro(self) -> float:
+        total = self.labels_given + self.labels_present
+        return 2 * self.true_positives / total if total else 0.0
+
+    @property
+    def headline(self) -> float:
+        return self.mAP
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {**asdict(self), "f1_micro": self.f1_micro}
 
 
 @dataclass(frozen=True)
@@ -95,6 +132,42 @@ def all_logits(predict: Predictor, images: np.ndarray, batch_size: int) -> np.nd
     # A copy per batch: memory-mapped rows are read-only, and a runtime may want to own its input.
     parts = [predict(np.array(images[start : start + batch_size])) for start in range(0, len(images), batch_size)]
     return np.concatenate(parts)
+
+
+def label_scores(logits: np.ndarray, labels: np.ndarray, thresholds: np.ndarray) -> LabelScores:
+    """mAP, and F1 with each class given where sigmoid(logit) >= its threshold (the model card's rule)."""
+    from torchmetrics.functional.classification import multilabel_average_precision
+
+    probabilities = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    present = labels.astype(bool)
+    given = probabilities >= np.asarray(thresholds, dtype=np.float64)[None, :]
+    hits = given & present
+    with_images = present.any(axis=0)
+    per_class_ap = multilabel_average_precision(
+        torch.from_numpy(probabilities), torch.from_numpy(present.astype(np.int64)), labels.shape[1], average="none"
+    ).numpy()
+    per_class_f1 = 2 * hits.sum(0) / np.maximum(given.sum(0) + present.sum(0), 1)
+    return LabelScores(
+        images=len(labels),
+        mAP=float(per_class_ap[with_images].mean()) if with_images.any() else 0.0,
+        f1_macro=float(per_class_f1.mean()),
+        true_positives=int(hits.sum()),
+        labels_given=int(given.sum()),
+        labels_present=int(present.sum()),
+    )
+
+
+def judge(logits: np.ndarray, labels: np.ndarray, thresholds: np.ndarray | None) -> Accuracy | LabelScores:
+    """Top-1/top-5 of class labels (N,), or the multi-label scores of 0/1 rows (N, classes) at ``thresholds``."""
+    return label_scores(logits, labels, thresholds) if labels.ndim == 2 else accuracy(logits, labels)
+
+
+def agreement(a: np.ndarray, b: np.ndarray, thresholds: np.ndarray | None) -> float:
+    """Share of images with the same top class (multi-label: of image-class answers that are the same)."""
+    if thresholds is None:
+        return top1_agreement(a, b)
+    cut = np.log(thresholds / (1 - thresholds))  # sigmoid(x) >= t  <=>  x >= logit(t)
+    return float(((a >= cut) == (b >= cut)).mean())
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> Accuracy:

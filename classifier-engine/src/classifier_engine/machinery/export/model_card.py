@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ...data.preprocessing import Preprocessing
+from ...models.calibration import CHECKPOINT_KEY
 from ...models.cost import ModelCost
 from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, ExportableClassifier
 from .evaluation import describe_parity
@@ -52,7 +53,10 @@ def build_card(
     )
     tta = type(model.test_time_augmentation)
     run_tta = None if tta.__name__ == ONE_VIEW else tta.__name__  # the files compute one view: say so
+    calibration = calibration_record(checkpoint)
+    task = calibration["task"] if calibration else "multiclass"
     return {
+        "task": task,
         "network": backbone_settings(model, checkpoint),
         "input": {
             "name": INPUT_NAME,
@@ -69,8 +73,9 @@ def build_card(
             "name": OUTPUT_NAME,
             "dtype": "float32",
             "shape": ["batch", hparams.num_classes],
-            "meaning": "logits",
+            "meaning": output_meaning(task, calibration),
         },
+        "calibration": calibration,
         "class_names": list(model.class_names),
         "cost": cost.as_dict(),
         "source": {
@@ -87,26 +92,75 @@ def build_card(
     }
 
 
+def calibration_record(checkpoint: dict) -> dict | None:
+    """What the checkpoint's calibration says, for the card's readers (None for a checkpoint written before 1.2)."""
+    record = checkpoint.get(CHECKPOINT_KEY)
+    if not record:
+        return None
+    card = {"task": record["task"], "temperature": record["temperature"], "fitted_on": record.get("fitted_on")}
+    if record.get("thresholds") is not None:
+        card["thresholds"] = record["thresholds"]
+        card["how"] = (
+            "probability of each class = sigmoid(output); the label is given where it is >= the class's threshold"
+        )
+    else:
+        card["how"] = "class probabilities = softmax(output)"
+    rejection = record.get("rejection")
+    if rejection:
+        fitted = record.get("fitted_on") or {}
+        score = ("max(softmax(output))" if rejection["score"] == "msp"
+                 else f"{record['temperature'][0]:.6g} x logsumexp(output)")  # fmt: skip
+        card["unknown"] = {
+            **rejection,
+            "rule": f"answer 'unknown' where {score} < {rejection['threshold']:.6g}",
+            "coverage_on_validation": fitted.get("coverage"),
+            "answered_accuracy_on_validation": fitted.get("answered_accuracy"),
+        }
+    return card
+
+
+def output_meaning(task: str, calibration: dict | None) -> str:
+    if calibration is None:
+        return "logits"
+    temperature = calibration["temperature"]
+    shown = f"temperature {temperature[0]:.4g}" if len(temperature) == 1 else "temperatures, one per class"
+    then = (
+        "sigmoid gives each class's calibrated probability"
+        if task == "multilabel"
+        else ("softmax gives calibrated class probabilities")
+    )
+    return f"calibrated logits: the network's logits divided by the fitted {shown} (calibration.temperature); {then}"
+
+
 def percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{100 * fraction:.2f} %"
 
 
+def measures(card: dict) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The table's two figures: (key, heading) of top-1 and top-5, or of mAP and micro-F1 for multi-label."""
+    if card.get("task") == "multilabel":
+        return ("mAP", "mAP"), ("f1_micro", "F1 (micro, at the thresholds)")
+    return ("top1", "top-1"), ("top5", "top-5")
+
+
 def accuracy_rows(card: dict) -> list[tuple[str, str, str, str, str]]:
-    """(artifact, runtime, top-1, top-5, size) per row: eager first, then each file."""
+    """(artifact, runtime, top-1, top-5, size) per row (multi-label: mAP, F1): eager first, then each file."""
+    (first, _), (second, _) = measures(card)
     eager = card["eager"] or {}
-    rows = [("PyTorch eager", "torch", percent(eager.get("top1")), percent(eager.get("top5")), "-")]
+    rows = [("PyTorch eager", "torch", percent(eager.get(first)), percent(eager.get(second)), "-")]
     for artifact in card["artifacts"].values():
         accuracy = artifact.get("accuracy") or {}
         size = f"{artifact['bytes'] / 2**20:.2f} MB"
         rows.append(
-            (artifact["file"], artifact["runtime"], percent(accuracy.get("top1")), percent(accuracy.get("top5")), size)
+            (artifact["file"], artifact["runtime"], percent(accuracy.get(first)), percent(accuracy.get(second)), size)
         )
     return rows
 
 
 def table(card: dict) -> str:
     """The accuracy table, in Markdown (the card and the command's closing output alike)."""
-    lines = ["| artifact | runtime | top-1 | top-5 | size |", "| --- | --- | --- | --- | --- |"]
+    (_, first), (_, second) = measures(card)
+    lines = [f"| artifact | runtime | {first} | {second} | size |", "| --- | --- | --- | --- | --- |"]
     lines += ["| " + " | ".join(row) + " |" for row in accuracy_rows(card)]
     return "\n".join(lines)
 
@@ -134,16 +188,44 @@ def int8_change(drop_points: float) -> str:
     return f"{'loses' if drop_points > 0 else 'gains'} {abs(drop_points):.2f} points"
 
 
+def int8_loss(int8: dict) -> tuple[str, float, str]:
+    """(what it is measured in, points lost, agreement in words) of a card's int8 record."""
+    if "mAP_drop_points" in int8:
+        return "mAP", int8["mAP_drop_points"], f"the same answer on {percent(int8['label_agreement'])} of image labels"
+    return "top-1", int8["top1_drop_points"], f"the same top-1 class on {percent(int8['top1_agreement'])} of the images"
+
+
 def int8_lines(int8: dict | None) -> list[str]:
     if not int8:
         return []
     calibration = int8["calibration"]
+    measure, drop, agreement = int8_loss(int8)
     return [
-        f"- int8 {int8_change(int8['top1_drop_points'])} of top-1 against fp32 ONNX (allowed loss: "
-        f"{int8['max_drop_points']} points), the same top-1 class on {percent(int8['top1_agreement'])} of the images",
+        f"- int8 {int8_change(drop)} of {measure} against fp32 ONNX (allowed loss: "
+        f"{int8['max_drop_points']} points), {agreement}",
         f"- int8 calibration: {calibration['images']} {calibration['source']} images, {calibration['method']}; "
         f"{calibration['quant_format']}, activations {calibration['activations']}, weights {calibration['weights']}",
     ]
+
+
+def calibration_lines(calibration: dict | None) -> list[str]:
+    if not calibration:
+        return ["- Calibration: none recorded (a checkpoint of a release before 1.2); the output is raw logits"]
+    lines = [f"- Probabilities: {calibration['how']}; temperature scaling fitted on the validation split"]
+    fitted = calibration.get("fitted_on") or {}
+    if "ece_before" in fitted:
+        lines.append(f"- Calibration error (ECE) on validation: {fitted['ece_before']:.4f} before, "
+                     f"{fitted['ece_after']:.4f} after")  # fmt: skip
+    if calibration.get("thresholds") is not None:
+        lines.append("- Thresholds (sigmoid(output) >= t gives the label): "
+                     + ", ".join(f"{t:.4f}" for t in calibration["thresholds"]))  # fmt: skip
+    unknown = calibration.get("unknown")
+    if unknown:
+        coverage = unknown.get("coverage_on_validation")
+        answered = f"; on validation it answers {percent(coverage)} of the images" if coverage is not None else ""
+        lines.append(f"- Unknown: {unknown['rule']} (keeps {percent(unknown['keep_correct'])} of the correct "
+                     f"validation answers{answered})")  # fmt: skip
+    return lines
 
 
 def markdown(card: dict) -> str:
@@ -162,13 +244,14 @@ def markdown(card: dict) -> str:
             f"- Input `{card['input']['name']}`: uint8 {card['input']['shape']}, {card['input']['layout']}; "
             f"{card['input']['normalization']}, mean {card['input']['mean']}, std {card['input']['std']}",
             f"- Resize: {card['input']['resize']}",
-            f"- Output `{card['output']['name']}`: float32 {card['output']['shape']} logits",
+            f"- Output `{card['output']['name']}`: float32 {card['output']['shape']} {card['output']['meaning']}",
             f"- Classes ({len(card['class_names'])}): {names}",
             f"- Parameters: {cost['params']:,}; MACs per image: {cost['macs_per_image']:,}; "
             f"FLOPs per image: {cost['flops_per_image']:,}",
             f"- From: {source['checkpoint']} (epoch {source['epoch']}, step {source['global_step']}, "
             f"config hash {source['config_hash']})",
             f"- Weights: {source.get('weights', 'the training weights at that step')}",
+            *calibration_lines(card.get("calibration")),
             evaluation_line(card["evaluation"]),
             *int8_lines(card["int8"]),
             *parities,

@@ -32,7 +32,7 @@ import yaml
 from ...foundation.errors import UserError
 from .contract import INPUT_NAME, OUTPUT_NAME
 from .errors import ExportError
-from .model_card import CARD_JSON, CARD_MARKDOWN
+from .model_card import CARD_JSON, CARD_MARKDOWN, int8_loss
 
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"  # configs/presets/mlflow.yaml's store
 REGISTERED_SUFFIX = {"onnx": "", "int8": "-int8"}
@@ -170,10 +170,12 @@ def metrics(card: dict, format_name: str) -> dict[str, float]:
     The names carry the format: both files log into the same MLflow run, where a bare ``top1`` would hold two values.
     """
     accuracy, eager = card["artifacts"][format_name].get("accuracy") or {}, card["eager"] or {}
-    found = {f"export/{format_name}/{key}": accuracy.get(key) for key in ("top1", "top5")}
-    found.update({f"export/pytorch/{key}": eager.get(key) for key in ("top1", "top5")})
+    keys = ("mAP", "f1_micro", "f1_macro") if card.get("task") == "multilabel" else ("top1", "top5")
+    found = {f"export/{format_name}/{key}": accuracy.get(key) for key in keys}
+    found.update({f"export/pytorch/{key}": eager.get(key) for key in keys})
     if format_name == "int8" and card["int8"]:
-        found["export/int8/top1_drop_points"] = card["int8"]["top1_drop_points"]
+        measure, drop, _ = int8_loss(card["int8"])
+        found[f"export/int8/{'top1' if measure == 'top-1' else measure}_drop_points"] = drop
     return {key: float(value) for key, value in found.items() if value is not None}
 
 
@@ -181,9 +183,14 @@ def summary(card: dict, format_name: str) -> str:
     """A version's description in the registry: what file, from which checkpoint, how good."""
     artifact, source, evaluation = card["artifacts"][format_name], card["source"], card["evaluation"]
     accuracy = artifact.get("accuracy")
+    if accuracy and card.get("task") == "multilabel":
+        figures = (
+            f"mAP {100 * accuracy['mAP']:.2f} %, micro-F1 {100 * accuracy['f1_micro']:.2f} % at the card's thresholds"
+        )
+    elif accuracy:
+        figures = f"top-1 {100 * accuracy['top1']:.2f} %, top-5 {100 * accuracy['top5']:.2f} %"
     judged = (
-        f"top-1 {100 * accuracy['top1']:.2f} %, top-5 {100 * accuracy['top5']:.2f} % on {accuracy['images']} images "
-        f"of the {evaluation['dataset']} {evaluation['split']} split"
+        f"{figures} on {accuracy['images']} images of the {evaluation['dataset']} {evaluation['split']} split"
         if accuracy
         else f"accuracy not measured ({evaluation.get('skipped')})"
     )
