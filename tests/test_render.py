@@ -41,6 +41,7 @@ COMMON_FILES = {
     "docs/data_and_speed.md",
     "docs/design_decisions.md",
     "docs/install.md",
+    "docs/labels.md",
     "docs/logging.md",
     "docs/own_data.md",
     "docs/report.md",

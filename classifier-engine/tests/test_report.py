@@ -51,7 +51,11 @@ def test_test_writes_a_report_of_every_class_and_the_most_confident_mistakes_wit
     mistakes = list(csv.DictReader((report.parent / "mistakes.csv").read_text().splitlines()))
     assert 6 <= len(mistakes) <= 12 and all(row["true"] != row["predicted"] for row in mistakes)  # test/ is mislabelled
     assert page.count("<figure>") == len(mistakes)  # every mistake (up to 24), most confident first
-    assert page.count('src="data:image/png;base64,') == 2 * len(mistakes)  # as seen and with its overlay, embedded
+    # Each mistake as seen and with its overlay, embedded; and three charts: reliability before and after
+    # temperature scaling, accuracy against coverage.
+    assert page.count('src="data:image/png;base64,') == 2 * len(mistakes) + 3
+    for chart in ('alt="uncalibrated reliability"', 'alt="calibrated reliability"', 'alt="accuracy against coverage"'):
+        assert chart in page
     assert not re.search(r'src="(?!data:)', page)  # nothing the page would fetch
     assert [float(row["p_predicted"]) for row in mistakes] == sorted((float(r["p_predicted"]) for r in mistakes),
                                                                       reverse=True)  # fmt: skip
@@ -94,6 +98,7 @@ def test_a_failed_evaluation_leaves_no_report(trained):
     ids=["FastCNN", "torchvision-resnet18", "torchvision-vit", "timm-resnet10t", "timm-efficientnet_b0"],
 )
 def test_the_overlay_reads_the_last_convolutional_stage(network, layer):
+    torch.manual_seed(1)  # a random network: one whose chosen classes' maps are positive somewhere
     backbone = network().eval()
     found, name = activation_layer(backbone, 224 if layer is None else 64)
     if layer is None:  # a transformer: tokens, not a map

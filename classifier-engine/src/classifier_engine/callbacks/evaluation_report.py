@@ -143,7 +143,7 @@ class EvaluationReport(L.Callback):
         held_out, why_no_images = self._images(trainer, labels)
         names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
         gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, predicted[shown])
-        root = getattr(trainer.datamodule, "image_dir", None)
+        root = getattr(trainer.datamodule, "image_root", None)
         paths = [str(Path(root, name)) if root and held_out is not None else name for name in names]
         with Partial(folder / "per_class.csv") as path:
             write_per_class(path, classes)
@@ -178,9 +178,8 @@ class EvaluationReport(L.Callback):
         extra = answers.sections(labels, headline)
         held_out, why_no_images = self._images(trainer, labels)
         names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
-        root = getattr(trainer.datamodule, "image_dir", None)
-        paths = [str(Path(root).parent / name) if root and held_out is not None and Path(root).is_file()
-                 else str(Path(root, name)) if root and held_out is not None else name for name in names]  # fmt: skip
+        root = getattr(trainer.datamodule, "image_root", None)
+        paths = [str(Path(root, name)) if root and held_out is not None else name for name in names]
         wrong = wrong_labels(probabilities, labels, thresholds, self.mistakes)
         shown = np.asarray([image for image, *_ in wrong], dtype=np.int64)
         gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, np.asarray([k for _, k, *_ in wrong]))

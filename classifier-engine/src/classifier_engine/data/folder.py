@@ -192,6 +192,11 @@ class ImageFolderDataModule(ImageDataModule):
             )
 
     @property
+    def image_root(self) -> Path:
+        """The folder the images' names are relative to: image_dir, or a CSV list's folder."""
+        return self.image_dir.parent if self.image_dir.suffix.lower() == ".csv" else self.image_dir
+
+    @property
     def settings(self) -> PackSettings:
         return PackSettings(self.image_size, self.resize, self.interpolation, self.crop_pct)
 

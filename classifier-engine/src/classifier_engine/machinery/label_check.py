@@ -4,7 +4,8 @@ Each fold is an ordinary ``main.py fit`` run with ``data.folds`` and ``data.fold
 directory (named by its config, so resumable and reused), trained on the other folds and validated on
 its own. Its shipped weights (``last.ckpt``'s, the averaged ones where a recipe averages) then
 predict the fold's images, which it never trained on: every image gets a probability vector from a
-model that did not see it, as confident learning requires (Northcutt et al., 2021). cleanlab ranks them.
+model that did not see it, as confident learning requires (Northcutt et al., 2021). cleanlab ranks them;
+for several labels per image, by its multi-label ranking (every class one-vs-rest).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class FoldPredictions:
 
     run_dir: Path
     images: HeldOutImages
-    probabilities: np.ndarray  # (N, classes) float32
+    probabilities: np.ndarray  # (N, classes) float32: softmax, or multi-label each class's sigmoid
     class_names: list[str]
     image_root: str | None  # the folder the names are relative to (your images), if any
 
@@ -65,7 +66,7 @@ def run_fold(
     last = where.run_dir / "checkpoints" / "last.ckpt"
     model.load_state_dict(torch.load(last, map_location="cpu", weights_only=True)["state_dict"])
     images = data.validation_images()
-    root = getattr(data, "image_dir", None)
+    root = getattr(data, "image_root", None)
     probabilities = predict(model, images.images, batch_size=256)
     return FoldPredictions(where.run_dir, images, probabilities, list(model.class_names), str(root) if root else None)
 
@@ -77,14 +78,22 @@ def default_output(folds: list[FoldPredictions]) -> Path:
 
 
 def predict(model: L.LightningModule, images: object, batch_size: int) -> np.ndarray:
-    """Class probabilities for uint8 (N, 3, S, S) images (any indexable rows), with the model's test-time views."""
+    """Class probabilities for uint8 (N, 3, S, S) images (any indexable rows), with the model's test-time views.
+
+    A softmax over the classes, or for a multi-label model each class's sigmoid; uncalibrated: a fold's
+    temperature, fitted on the few images of its fold, could saturate them, and confident learning
+    estimates its own per-class thresholds anyway.
+    """
+    calibration = getattr(model, "calibration", None)
+    multilabel = calibration is not None and calibration.multilabel
+    as_probabilities = (lambda x: x.sigmoid()) if multilabel else (lambda x: x.softmax(dim=-1))
     device = next(model.parameters()).device
     model.eval()
     parts = []
     with torch.inference_mode():
         for start in range(0, len(images), batch_size):
             batch = torch.from_numpy(np.array(images[start : start + batch_size])).to(device)
-            parts.append(model.evaluate(batch).float().softmax(dim=-1).cpu().numpy())
+            parts.append(as_probabilities(model.evaluate(batch).float()).cpu().numpy())
     return np.concatenate(parts)
 
 
@@ -93,10 +102,26 @@ class LabelIssues:
     """Every image in the order of its fold, and the ranked rows (worst first) whose label looks wrong."""
 
     names: list[str]
-    labels: np.ndarray
+    labels: np.ndarray  # (N,) classes, or multi-label (N, classes) 0/1
     probabilities: np.ndarray
     scores: np.ndarray  # label quality in [0, 1]: the probability the fold's model gave the given label
     ranked: np.ndarray  # indices of the images flagged by confident learning, worst first
+
+    @property
+    def multilabel(self) -> bool:
+        return self.labels.ndim == 2
+
+    def given(self, index: int, class_names: list[str]) -> str:
+        """The label (several: separated by spaces) the image was given."""
+        if self.multilabel:
+            return " ".join(class_names[k] for k in np.flatnonzero(self.labels[index]))
+        return class_names[self.labels[index]]
+
+    def suggested(self, index: int, class_names: list[str]) -> str:
+        """What the fold's model says instead: its top class, or every class it gives p >= 0.5."""
+        if self.multilabel:
+            return " ".join(class_names[k] for k in np.flatnonzero(self.probabilities[index] >= 0.5))
+        return class_names[int(self.probabilities[index].argmax())]
 
 
 def find_issues(folds: list[FoldPredictions]) -> LabelIssues:
@@ -107,6 +132,13 @@ def find_issues(folds: list[FoldPredictions]) -> LabelIssues:
     names = [name for fold in folds for name in fold.images.names]
     labels = np.concatenate([np.asarray(fold.images.labels) for fold in folds]).astype(np.int64)
     probabilities = np.concatenate([fold.probabilities for fold in folds])
+    if labels.ndim == 2:  # several labels per image: cleanlab's multi-label ranking
+        from cleanlab.multilabel_classification import get_label_quality_scores as multilabel_scores
+
+        given = [np.flatnonzero(row).tolist() for row in labels]
+        ranked = find_label_issues(given, probabilities, multi_label=True, return_indices_ranked_by="self_confidence")
+        scores = multilabel_scores(given, probabilities)
+        return LabelIssues(names, labels, probabilities, scores, np.asarray(ranked, dtype=np.int64))
     ranked = find_label_issues(labels, probabilities, return_indices_ranked_by="self_confidence")
     scores = get_label_quality_scores(labels, probabilities, method="self_confidence")
     return LabelIssues(names, labels, probabilities, scores, np.asarray(ranked, dtype=np.int64))
@@ -118,9 +150,8 @@ def write_issues(issues: LabelIssues, class_names: list[str], output: Path, root
         writer = csv.writer(handle)
         writer.writerow(["file", "given_label", "suggested_label", "score"])
         for index in issues.ranked:
-            suggested = int(issues.probabilities[index].argmax())
-            writer.writerow([shown_path(issues.names[index], root), class_names[issues.labels[index]],
-                             class_names[suggested], f"{issues.scores[index]:.4f}"])  # fmt: skip
+            writer.writerow([shown_path(issues.names[index], root), issues.given(index, class_names),
+                             issues.suggested(index, class_names), f"{issues.scores[index]:.4f}"])  # fmt: skip
 
 
 def shown_path(name: str, root: str | None) -> str:
@@ -137,11 +168,10 @@ def write_gallery(
     for index in issues.ranked[:limit]:
         fold, position = where[index]
         pixels = np.asarray(fold.images.images[np.array([position])])[0].transpose(1, 2, 0)
-        suggested = int(issues.probabilities[index].argmax())
         figures.append(html_page.figure([html_page.image(pixels, issues.names[index])], [
-            f"given: {class_names[issues.labels[index]]} (p = {issues.probabilities[index, issues.labels[index]]:.3f})",
-            f"suggested: {class_names[suggested]} (p = {issues.probabilities[index, suggested]:.3f})",
-            shown_path(issues.names[index], root),
+            f"given: {issues.given(index, class_names) or '(none)'}",
+            f"suggested: {issues.suggested(index, class_names) or '(none)'}",
+            f"label quality {issues.scores[index]:.3f}", shown_path(issues.names[index], root),
         ]))  # fmt: skip
     flagged, total = len(issues.ranked), len(issues.labels)
     summary = html_page.table(None, [

@@ -255,9 +255,11 @@ class ImageClassifier(L.LightningModule):
 
     @override
     def on_validation_epoch_end(self) -> None:
-        # Fitted on this validation's images, before the checkpoints of this validation are written.
+        # Fitted on this validation's images (every rank's: the same numbers on each), before the checkpoints of
+        # this validation are written.
         if self._fits_calibration():
-            self.log_dict({f"val/{name}": value for name, value in self.calibration.fit().items()})
+            figures = {f"val/{name}": value for name, value in self.calibration.fit().items()}
+            self.log_dict(figures, sync_dist=True)
 
     @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
