@@ -1,8 +1,8 @@
-"""A run written by the previous release of classifier-engine resumes, extends and exports under this one.
+"""A run written by an earlier release of classifier-engine resumes, extends and exports under this one.
 
-Semantic versioning's promise for a minor release, checked on a real run folder (config, hash and
-``last.ckpt`` of a one-epoch fit of the CIFAR render) written by classifier-engine 1.0.0: the same command
-finds the same run, a longer ``max_epochs`` continues it from its step, and ``export.py`` ships it.
+Semantic versioning's promise for a minor release, checked on real run folders (config, hash and
+``last.ckpt`` of a one-epoch fit of the CIFAR render) written by classifier-engine 1.0.0 and 1.1.0: the same
+command finds the same run, a longer ``max_epochs`` continues it from its step, and ``export.py`` ships it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from classifier_engine.data.preprocessing import CHECKPOINT_KEY, Preprocessing
 from .conftest import NUM_TEST, PROJECT_ROOT, cli_env, fit_args, run_cli, write_tiny_archive
 
 FIXTURES = Path(__file__).parent / "fixtures"
-PREVIOUS_RELEASES = {"1.0.0": FIXTURES / "run-written-by-1.0.0.tar.gz"}
+PREVIOUS_RELEASES = {release: FIXTURES / f"run-written-by-{release}.tar.gz" for release in ("1.0.0", "1.1.0")}
 
 
 def test_a_run_of_the_previous_release_resumes_extends_and_exports(tmp_path):
@@ -51,6 +51,9 @@ def test_a_run_of_the_previous_release_resumes_extends_and_exports(tmp_path):
         record = torch.load(last, map_location="cpu", weights_only=False)["preprocessing"]
         assert record == card["input"]["preprocessing"]
         assert record["image_size"] == 32 and record["resize"] == "stretch" and len(record["mean"]) == 3
+        # The calibration (new in 1.2): fitted by the extending run's validation, kept by its checkpoint, in the card.
+        calibration = torch.load(last, map_location="cpu", weights_only=False)["calibration"]
+        assert card["calibration"]["temperature"] == calibration["temperature"] and card["task"] == "multiclass"
 
 
 def test_a_checkpoint_without_the_preprocessing_record_reads_the_same_from_its_settings(tmp_path):
