@@ -62,11 +62,13 @@ def loss_weights(
             raise ValueError(f"model.class_weights must be positive, got {dict(class_weights)}")
         return torch.tensor([float(class_weights.get(name, 1.0)) for name in class_names])
     if class_weights != "balanced":
-        raise ValueError(f"model.class_weights must be null, balanced or {{class: weight}}, got {class_weights!r}")
+        raise ValueError(
+            f"model.class_weights must be null, balanced or a mapping of class to weight, got {class_weights!r}"
+        )
     if not class_counts or min(class_counts) <= 0 or (task == "multilabel" and not images_counted):
         raise ValueError(
             "model.class_weights: balanced needs the training images of every class, which this data does not give "
-            f"(class_counts: {class_counts}); give {{class: weight}} instead"
+            f"(class_counts: {class_counts}); give a weight per class name instead"
         )
     counts = torch.tensor(class_counts, dtype=torch.float32)
     if task == "multilabel":
