@@ -102,7 +102,7 @@ def test_labels_missing_from_a_multilabel_list_rank_at_the_top(tmp_path):
         tmp_path,
         csv_path,
         "--output=checks/issues.csv",
-        "--trainer.max_epochs=10",
+        "--trainer.max_epochs=20",
         "--model.backbone.width=16",
         folds=2,
     )
