@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
+from photo_classifier.models import ImageClassifier as PhotoClassifier
 from PIL import Image
 from sklearn.metrics import average_precision_score
 
@@ -301,6 +302,20 @@ def test_temperature_scaling_mends_an_over_confident_model_and_unknown_keeps_its
     assert fitted["ece_after"] < fitted["ece_before"]
     # The threshold keeps the configured share of the correct validation answers (as few dropped as that allows).
     assert 0.9 <= fitted["kept_correct"] < 0.9 + 1 / (0.1 * fitted["images"]) + 0.05
+    # Counted again here: the checkpoint's model on the run's validation images, its score against the threshold.
+    model = PhotoClassifier.load_from_checkpoint(last, map_location="cpu").eval()
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    validation = load_run_data(last, checkpoint, list(model.class_names), None, "the check").datamodule
+    images = torch.from_numpy(np.asarray(validation.validation_images().images[:]))
+    truth = torch.from_numpy(np.asarray(validation.validation_images().labels))
+    with torch.inference_mode():
+        logits = model.evaluate(images)
+    probabilities = torch.softmax(logits / record["temperature"][0], dim=1)
+    correct = probabilities.argmax(dim=1) == truth
+    kept = probabilities.max(dim=1).values[correct] >= record["rejection"]["threshold"]
+    assert len(truth) == fitted["images"] and float(kept.float().mean()) == pytest.approx(fitted["kept_correct"])
+    dropped = int((~kept).sum())  # as few as keeping 90 % allows: one more kept would be under 90 %
+    assert dropped == int(0.1 * int(correct.sum()) + 1e-9), (dropped, int(correct.sum()))
 
     evaluation = ["--config", str(run_dir / "config.yaml"), f"--ckpt_path={last}"]
     run_cli("test", *evaluation, cwd=tmp_path)
