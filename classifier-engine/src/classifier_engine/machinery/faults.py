@@ -102,11 +102,13 @@ def describe_fault(error: BaseException, trainer: L.Trainer, run_dir: Path, firs
         )
     killed = WORKER_KILLED.search(str(error)) if isinstance(error, RuntimeError) else None
     if killed is not None:
-        pid, signal_name = killed.group(1).strip(), killed.group(2) or "it exited"
+        # torch names the signal when its SIGCHLD handler sees the death first, else only that the worker exited
+        pid, signal_name = killed.group(1).strip(), killed.group(2)
+        how = f"was killed ({signal_name})" if signal_name else "exited unexpectedly"
         workers = getattr(trainer.datamodule, "num_workers", None)
         now = f" (now {workers})" if workers is not None else ""
         return (
-            f"a data loader worker (pid {pid}) was killed ({signal_name}), most likely by the system for lack of "
+            f"a data loader worker (pid {pid}) {how}, most likely killed by the system for lack of "
             f"host memory; {state}lower data.num_workers{now}, or free memory on this machine, then {again}"
         )
     if WORKER_RAISED.match(str(error)):  # raised again as the worker's own type (a dataset's ValueError, ...)
