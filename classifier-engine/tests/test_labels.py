@@ -21,6 +21,7 @@ import torch
 from photo_classifier.models import ImageClassifier as PhotoClassifier
 from PIL import Image
 from sklearn.metrics import average_precision_score
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from classifier_engine.data.augment import BatchAugment
 from classifier_engine.data.datamodule import balanced_weights
@@ -140,6 +141,16 @@ def test_multilabel_fit_test_predict_export_and_register_agree_with_onnxruntime(
     assert "mAP" in page and "most confident wrong labels" in page and "reliability" in page
     with open(test_dir / "per_class.csv") as handle:
         assert [row["class"] for row in csv.DictReader(handle)] == CLASSES
+    with open(test_dir / "mistakes.csv") as handle:
+        wrong = list(csv.DictReader(handle))
+    assert wrong and page.count("<figure>") == len(wrong)  # each wrong label shown, the image as the network saw it
+    for row in wrong:  # given below its threshold or missed above it: each row is a real mistake at the thresholds
+        present, over = row["label"] in row["true_labels"].split(), float(row["p"]) >= float(row["threshold"])
+        assert (row["wrong"], present, over) in {("given", False, True), ("missed", True, False)}, row
+    events = EventAccumulator(str(test_dir), size_guidance={"tensors": 0})
+    events.Reload()
+    (table,) = [tag for tag in events.Tags()["tensors"] if "test/per_class" in tag]
+    assert b"| class | AP |" in events.Tensors(table)[0].tensor_proto.string_val[0]
 
     run_cli("predict", *evaluation, cwd=tmp_path)
     with open(next((run_dir / "predict").glob("*/predictions.csv"))) as handle:

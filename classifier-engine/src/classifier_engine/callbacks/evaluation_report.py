@@ -24,8 +24,10 @@ from .label_report import (
     calibration_section,
     coverage_section,
     label_figures,
-    label_table,
+    label_page,
     multilabel_summary,
+    write_label_figures,
+    write_wrong_labels,
     wrong_labels,
 )
 from .report_tables import ClassFigures, confident_mistakes, confusion_counts, per_class, top_k_accuracy
@@ -130,21 +132,36 @@ class EvaluationReport(L.Callback):
         if not trainer.is_global_zero or not len(labels):
             return
         folder.mkdir(parents=True, exist_ok=True)
-        class_names = list(getattr(pl_module, "class_names", None) or range(logits.shape[1]))
+        class_names = [str(name) for name in getattr(pl_module, "class_names", None) or range(logits.shape[1])]
         answers = Answers.of(pl_module, logits, multilabel=labels.ndim == 2)
-        if labels.ndim == 2:
-            self._multilabel_report(trainer, pl_module, folder, answers, labels, [str(n) for n in class_names])
-            return
+        held_out, why_no_images = self._images(trainer, labels)
+        names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
+        root = getattr(trainer.datamodule, "image_root", None)
+        paths = [str(Path(root, name)) if root and held_out is not None else name for name in names]
+        source = {
+            "split": held_out.split if held_out is not None else "test",
+            "data": held_out.dataset if held_out is not None else type(trainer.datamodule).__name__,
+            "checkpoint": str(trainer.ckpt_path or "the model as it is"),
+        }
+        report = self._multilabel_report if labels.ndim == 2 else self._single_label_report
+        page, table, gallery = report(trainer, pl_module, folder, answers, labels, class_names, held_out, paths,
+                                      source, why_no_images)  # fmt: skip
+        with Partial(folder / "report.html") as path:
+            path.write_text(page, encoding="utf-8")
+        self.path = folder / "report.html"
+        self._to_tensorboard(trainer, table, gallery)  # main.py's closing lines name the report
+
+    def _single_label_report(self, trainer: L.Trainer, pl_module: L.LightningModule, folder: Path,
+                             answers: Answers, labels: np.ndarray, class_names: list[str],
+                             held_out: HeldOutImages | None, paths: list[str], source: dict[str, str],
+                             why_no_images: str) -> tuple[str, list[str], list]:  # fmt: skip
+        """The page, the per-class table for TensorBoard (markdown rows) and the gallery of one-label answers."""
         probabilities = answers.calibrated
         predicted = probabilities.argmax(axis=1)
         confusion = confusion_counts(labels, predicted, len(class_names))
-        classes = per_class(confusion, [str(name) for name in class_names])
+        classes = per_class(confusion, class_names)
         shown = confident_mistakes(probabilities, labels, self.mistakes)
-        held_out, why_no_images = self._images(trainer, labels)
-        names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
         gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, predicted[shown])
-        root = getattr(trainer.datamodule, "image_root", None)
-        paths = [str(Path(root, name)) if root and held_out is not None else name for name in names]
         with Partial(folder / "per_class.csv") as path:
             write_per_class(path, classes)
         with Partial(folder / "mistakes.csv") as path:
@@ -158,71 +175,35 @@ class EvaluationReport(L.Callback):
             headline["balanced accuracy"] = f"{100 * np.mean([c.recall for c in classes]):.2f} %"
             headline["macro-F1"] = f"{100 * np.mean([c.f1 for c in classes]):.2f} %"
         extra = answers.sections(labels, headline)
-        headline |= {
-            "split": held_out.split if held_out is not None else "test",
-            "data": held_out.dataset if held_out is not None else type(trainer.datamodule).__name__,
-            "checkpoint": str(trainer.ckpt_path or "the model as it is"),
-        }
-        page = report_page(headline, classes, confusion, class_names, shown, labels, predicted, probabilities,
-                           paths, gallery, why_no_images or why_no_overlays, extra)  # fmt: skip
-        with Partial(folder / "report.html") as path:
-            path.write_text(page, encoding="utf-8")
-        self.path = folder / "report.html"
-        self._to_tensorboard(trainer, classes, gallery)  # main.py's closing lines name the report
+        page = report_page(headline | source, classes, confusion, class_names, shown, labels, predicted,
+                           probabilities, paths, gallery, why_no_images or why_no_overlays, extra)  # fmt: skip
+        table = ["| class | precision | recall | F1 | support | most confused with |", "|---|---|---|---|---|---|"]
+        table += [f"| {c.name} | {c.precision:.3f} | {c.recall:.3f} | {c.f1:.3f} | {c.support} | {c.confused_with} |"
+                  for c in classes]  # fmt: skip
+        return page, table, gallery
 
     def _multilabel_report(self, trainer: L.Trainer, pl_module: L.LightningModule, folder: Path, answers: Answers,
-                           labels: np.ndarray, class_names: list[str]) -> None:  # fmt: skip
+                           labels: np.ndarray, class_names: list[str], held_out: HeldOutImages | None,
+                           paths: list[str], source: dict[str, str],
+                           why_no_images: str) -> tuple[str, list[str], list]:  # fmt: skip
+        """The same for several labels per image: AP and each class's threshold, the most confident wrong labels."""
         probabilities, thresholds = answers.calibrated, answers.thresholds
         figures = label_figures(probabilities, labels, thresholds, class_names)
         headline = {"images": len(labels), **multilabel_summary(figures, probabilities, labels, thresholds)}
         extra = answers.sections(labels, headline)
-        held_out, why_no_images = self._images(trainer, labels)
-        names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
-        root = getattr(trainer.datamodule, "image_root", None)
-        paths = [str(Path(root, name)) if root and held_out is not None else name for name in names]
         wrong = wrong_labels(probabilities, labels, thresholds, self.mistakes)
         shown = np.asarray([image for image, *_ in wrong], dtype=np.int64)
         gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, np.asarray([k for _, k, *_ in wrong]))
-        with Partial(folder / "per_class.csv") as path, open(path, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["class", "average_precision", "precision", "recall", "f1", "threshold", "support"])
-            writer.writerows([[r.name, f"{r.average_precision:.4f}", f"{r.precision:.4f}", f"{r.recall:.4f}",
-                               f"{r.f1:.4f}", f"{r.threshold:.4f}", r.support] for r in figures])  # fmt: skip
-        with Partial(folder / "mistakes.csv") as path, open(path, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["rank", "image", "label", "wrong", "p", "threshold", "true_labels"])
-            for rank, (image, k, kind, p) in enumerate(wrong, start=1):
-                true = " ".join(class_names[j] for j in np.flatnonzero(labels[image]))
-                writer.writerow([rank, paths[image], class_names[k], kind, f"{p:.4f}", f"{thresholds[k]:.4f}", true])
-        headline |= {
-            "split": held_out.split if held_out is not None else "test",
-            "data": held_out.dataset if held_out is not None else type(trainer.datamodule).__name__,
-            "checkpoint": str(trainer.ckpt_path or "the model as it is"),
-        }
-        pictures = []
-        for (seen, overlay), (image, k, kind, p) in zip(gallery, wrong, strict=False):
-            shown_images = [html_page.image(seen, "as the network saw it")]
-            if overlay is not None:
-                shown_images.append(html_page.image(overlay, f"where it looked for {class_names[k]}"))
-            true = " ".join(class_names[j] for j in np.flatnonzero(labels[image])) or "(none)"
-            pictures.append(html_page.figure(shown_images, [
-                f"{kind}: {class_names[k]} (p = {p:.3f}, threshold {thresholds[k]:.3f})", f"true: {true}", paths[image],
-            ]))  # fmt: skip
-        body = (
-            f'<div class="gallery">{"".join(pictures)}</div>' if pictures else html_page.paragraph("No wrong labels.")
-        )
-        if why_no_images or why_no_overlays:
-            body = html_page.paragraph(why_no_images or why_no_overlays, note=True) + body
-        sections = [
-            ("Summary", html_page.table(None, list(headline.items()), text_columns=2)),
-            ("Per class (worst AP first; precision, recall and F1 with the label given at its threshold)",
-             label_table(figures)),
-            *extra,
-            (f"The {len(wrong)} most confident wrong labels (given to an image without it, or missed)", body),
-        ]  # fmt: skip
-        with Partial(folder / "report.html") as path:
-            path.write_text(html_page.page("Evaluation report", sections), encoding="utf-8")
-        self.path = folder / "report.html"
+        with Partial(folder / "per_class.csv") as path:
+            write_label_figures(path, figures)
+        with Partial(folder / "mistakes.csv") as path:
+            write_wrong_labels(path, wrong, labels, thresholds, class_names, paths)
+        page = label_page(headline | source, figures, extra, wrong, gallery, labels, thresholds, class_names, paths,
+                          why_no_images or why_no_overlays)  # fmt: skip
+        table = ["| class | AP | precision | recall | F1 | threshold | support |", "|---|---|---|---|---|---|---|"]
+        table += [f"| {r.name} | {r.average_precision:.3f} | {r.precision:.3f} | {r.recall:.3f} | {r.f1:.3f} | "
+                  f"{r.threshold:.3f} | {r.support} |" for r in figures]  # fmt: skip
+        return page, table, gallery
 
     def _gathered(self, trainer: L.Trainer) -> tuple[np.ndarray, np.ndarray]:
         """Every rank's logits and labels, in the split's order, on rank 0 (others get what they hold)."""
@@ -271,11 +252,8 @@ class EvaluationReport(L.Callback):
         return list(zip(seen, overlaid(images, maps), strict=True)), ""
 
     @staticmethod
-    def _to_tensorboard(trainer: L.Trainer, classes: list[ClassFigures], gallery: list) -> None:
+    def _to_tensorboard(trainer: L.Trainer, table: list[str], gallery: list) -> None:
         writers = tensorboard_writers(trainer, EvaluationReport, "the report's gallery and table")
-        rows = ["| class | precision | recall | F1 | support | most confused with |", "|---|---|---|---|---|---|"]
-        rows += [f"| {c.name} | {c.precision:.3f} | {c.recall:.3f} | {c.f1:.3f} | {c.support} | {c.confused_with} |"
-                 for c in classes]  # fmt: skip
         pictures = [
             torch.from_numpy(np.ascontiguousarray(picture)).permute(2, 0, 1)
             for pair in gallery
@@ -283,7 +261,7 @@ class EvaluationReport(L.Callback):
             if picture is not None
         ]
         for writer in writers:
-            writer.add_text("test/per_class", "\n".join(rows), trainer.global_step)
+            writer.add_text("test/per_class", "\n".join(table), trainer.global_step)
             if pictures:
                 per_row = 2 if gallery[0][1] is not None else 1
                 grid = make_grid(pictures, nrow=8 * per_row, padding=2)

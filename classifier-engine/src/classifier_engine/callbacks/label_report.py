@@ -6,7 +6,9 @@ headline figures it adds and the HTML of its section; the charts are matplotlib 
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
+from pathlib import Path
 
 import matplotlib
 
@@ -180,3 +182,50 @@ def label_table(figures: list[LabelFigures]) -> str:
           f"{row.precision:.3f}", f"{row.recall:.3f}", f"{row.f1:.3f}", f"{row.threshold:.3f}", row.support)
          for row in worst_first],
     )  # fmt: skip
+
+
+def write_label_figures(path: Path, figures: list[LabelFigures]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["class", "average_precision", "precision", "recall", "f1", "threshold", "support"])
+        writer.writerows([[r.name, f"{r.average_precision:.4f}", f"{r.precision:.4f}", f"{r.recall:.4f}",
+                           f"{r.f1:.4f}", f"{r.threshold:.4f}", r.support] for r in figures])  # fmt: skip
+
+
+def write_wrong_labels(path: Path, wrong: list[tuple], labels: np.ndarray, thresholds: np.ndarray,
+                       class_names: list[str], paths: list[str]) -> None:  # fmt: skip
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["rank", "image", "label", "wrong", "p", "threshold", "true_labels"])
+        for rank, (image, k, kind, p) in enumerate(wrong, start=1):
+            true = " ".join(class_names[j] for j in np.flatnonzero(labels[image]))
+            writer.writerow([rank, paths[image], class_names[k], kind, f"{p:.4f}", f"{thresholds[k]:.4f}", true])
+
+
+def label_page(headline: dict, figures: list[LabelFigures], extra: list[tuple[str, str]], wrong: list[tuple],
+               gallery: list, labels: np.ndarray, thresholds: np.ndarray, class_names: list[str], paths: list[str],
+               note: str) -> str:  # fmt: skip
+    """The multi-label report as one HTML document (``extra``: the calibration section, after the table)."""
+    pictures = []
+    for (seen, overlay), (image, k, kind, p) in zip(gallery, wrong, strict=False):
+        shown = [html_page.image(seen, "as the network saw it")]
+        if overlay is not None:
+            shown.append(html_page.image(overlay, f"where it looked for {class_names[k]}"))
+        true = " ".join(class_names[j] for j in np.flatnonzero(labels[image])) or "(none)"
+        pictures.append(html_page.figure(shown, [
+            f"{kind}: {class_names[k]} (p = {p:.3f}, threshold {thresholds[k]:.3f})", f"true: {true}", paths[image],
+        ]))  # fmt: skip
+    body = f'<div class="gallery">{"".join(pictures)}</div>' if pictures else html_page.paragraph("No wrong labels.")
+    if wrong and not pictures:
+        rows = [(paths[i], class_names[k], kind, f"{p:.3f}", f"{thresholds[k]:.3f}") for i, k, kind, p in wrong]
+        body = html_page.table(["image", "label", "wrong", "p", "threshold"], rows)
+    if note:
+        body = html_page.paragraph(note, note=True) + body
+    sections = [
+        ("Summary", html_page.table(None, list(headline.items()), text_columns=2)),
+        ("Per class (worst AP first; precision, recall and F1 with the label given at its threshold)",
+         label_table(figures)),
+        *extra,
+        (f"The {len(wrong)} most confident wrong labels (given to an image without it, or missed)", body),
+    ]  # fmt: skip
+    return html_page.page("Evaluation report", sections)
