@@ -30,7 +30,7 @@ from classifier_engine.data.folder import ImageFolderDataModule, stratified_spli
 from classifier_engine.data.image_sources import find_images
 from classifier_engine.data.loader import BalancedEpochSampler
 from classifier_engine.machinery.export.run_data import load_run_data
-from classifier_engine.models.calibration import best_f1_thresholds, fit_temperature, rejection_threshold
+from classifier_engine.models.calibration import Calibration, best_f1_thresholds, fit_temperature, rejection_threshold
 from classifier_engine.testing import write_multilabel_images
 
 from .conftest import PHOTO_ROOT, cli_env, images_args, only_run_dir, run_cli
@@ -282,6 +282,20 @@ def test_the_fitting_rules_on_known_numbers():
     # The F1-best threshold of a class separates its positives from its negatives.
     probabilities = torch.tensor([[0.9], [0.8], [0.3], [0.2]])
     assert 0.3 < float(best_f1_thresholds(probabilities, torch.tensor([[1], [1], [0], [0]]))[0]) < 0.8
+
+
+def test_a_threshold_fitted_for_another_score_is_not_applied_and_that_is_said(caplog):
+    fitted = Calibration("multiclass", 3, reject_with="msp")
+    fitted.rejection.fill_(0.7)
+    record = fitted.record()
+    same = Calibration("multiclass", 3, reject_with="msp")
+    same.restore(record)
+    assert float(same.rejection) == pytest.approx(0.7)
+    other = Calibration("multiclass", 3, reject_with="energy")
+    with caplog.at_level("INFO"):
+        other.restore(record)
+    assert float(other.rejection) == -math.inf and bool(other.answered(torch.zeros(2, 3)).all())
+    assert "threshold is for model.reject_with msp, not energy: every image gets a class" in caplog.text
 
 
 def write_noisy_arrays(folder: Path, per_class: int = 150) -> Path:

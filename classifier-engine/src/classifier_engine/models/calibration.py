@@ -25,6 +25,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.functional.classification import binary_calibration_error, multiclass_calibration_error
 
@@ -227,6 +228,11 @@ class Calibration(nn.Module):
         rejection = record.get("rejection")
         if rejection and not self.multilabel and rejection["score"] == self.reject_with:
             self.rejection.fill_(float(rejection["threshold"]))
+        elif rejection and self.reject_with != "none":  # the threshold of one score says nothing of the other
+            rank_zero_info(
+                f'Calibration: the checkpoint\'s "unknown" threshold is for model.reject_with {rejection["score"]}, '
+                f"not {self.reject_with}: every image gets a class (set {rejection['score']}, or fit again to fit one)"
+            )
         self.fitted = {key: value for key, value in (record.get("fitted_on") or {}).items() if key != "split"}
 
 
