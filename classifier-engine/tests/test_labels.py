@@ -57,6 +57,81 @@ def test_a_tags_csv_and_a_one_hot_csv_give_the_same_multilabel_images(tmp_path):
     assert found.class_counts("train") == counts.tolist()
 
 
+def write_photos(folder: Path, names: list[str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        Image.new("RGB", (8, 8)).save(folder / name)
+
+
+def labels_by_image(found) -> dict[str, list[str]]:
+    return {
+        entry.key: sorted(found.class_names[k] for k in (entry.label if found.task == "multilabel" else [entry.label]))
+        for entry in found.splits["train"]
+    }
+
+
+def test_kaggle_s_planet_list_beside_its_image_folder_is_read_with_its_names_as_written(tmp_path, caplog):
+    write_photos(tmp_path / "train-jpg", ["train_0.jpg", "train_1.jpg", "train_2.jpg", "train_3.jpg"])
+    rows = ["image_name,tags", "train_0,haze primary", "train_1,agriculture clear primary water",
+            "train_2,clear primary", "train_3,haze primary water"]  # fmt: skip
+    (tmp_path / "train_classes.csv").write_text("\n".join(rows) + "\n")
+    with caplog.at_level("INFO"):
+        found = find_images(tmp_path / "train_classes.csv")
+    assert found.task == "multilabel" and found.class_names == ["agriculture", "clear", "haze", "primary", "water"]
+    assert labels_by_image(found)["train-jpg/train_1.jpg"] == ["agriculture", "clear", "primary", "water"]
+    assert "train_classes.csv names images in train-jpg/" in caplog.text
+    assert "gives rows with several labels: data.task is multilabel" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("rows", "task", "expected"),
+    [
+        # Without a header naming the column, class names with spaces stay whole: more words than names,
+        # and no name is made of names.
+        (
+            ["a.png,golden retriever", "b.png,labrador retriever", "c.png,beagle"],
+            "multiclass",
+            {"a.png": ["golden retriever"], "b.png": ["labrador retriever"], "c.png": ["beagle"]},
+        ),
+        # ... and under a header that names one label per cell.
+        (
+            ["path,label", "a.png,golden retriever", "b.png,beagle cross", "c.png,beagle"],
+            "multiclass",
+            {"a.png": ["golden retriever"], "b.png": ["beagle cross"], "c.png": ["beagle"]},
+        ),
+        # A few images, most with one label: "cat dog" is made of labels that stand alone.
+        (
+            ["a.png,cat dog", "b.png,cat", "c.png,dog"],
+            "multilabel",
+            {"a.png": ["cat", "dog"], "b.png": ["cat"], "c.png": ["dog"]},
+        ),
+        # Labels separated by | (MovieLens' genres) keep their spaces.
+        (
+            ["file_name,categories", "a.png,Film Noir|Drama", "b.png,Drama", "c.png,Film Noir"],
+            "multilabel",
+            {"a.png": ["Drama", "Film Noir"], "b.png": ["Drama"], "c.png": ["Film Noir"]},
+        ),
+        # A header named otherwise is told by its first cell naming no image; extra columns are not a split.
+        (
+            ["img,label,width", "a.png,cat,8", "b.png,dog,8", "c.png,cat,8"],
+            "multiclass",
+            {"a.png": ["cat"], "b.png": ["dog"], "c.png": ["cat"]},
+        ),
+        # 0/1 columns written as floats or booleans.
+        (
+            ["image,cat,dog", "a.png,1.0,0.0", "b.png,True,True", "c.png,0,"],
+            "multilabel",
+            {"a.png": ["cat"], "b.png": ["cat", "dog"], "c.png": []},
+        ),
+    ],
+    ids=["names-with-spaces", "singular-header", "few-images", "pipe", "other-header", "float-one-hot"],
+)
+def test_a_csv_s_labels_are_read_as_people_write_them(tmp_path, rows, task, expected):
+    csv_path = write_rows(tmp_path / "list.csv", rows)
+    found = find_images(csv_path)
+    assert found.task == task and labels_by_image(found) == expected
+
+
 def write_rows(path: Path, rows: list[str]) -> Path:
     (path.parent / "a.png").parent.mkdir(parents=True, exist_ok=True)
     for name in ("a.png", "b.png", "c.png"):

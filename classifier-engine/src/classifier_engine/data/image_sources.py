@@ -164,58 +164,113 @@ def _sorted_labels(labels: set[str]) -> list[str]:
         return sorted(labels)
 
 
-HEADER_NAMES = {"path", "image", "image_name", "image_id", "file", "filename", "id"}
-LABELS_HEADER = {"label", "labels", "tags", "class", "classes"}
+HEADER_NAMES = {"path", "image", "image_name", "image_id", "image_path", "file", "filename", "file_name", "id"}
+LABEL_HEADER = {"label", "class", "category"}  # one label per cell, spaces and all
+LABELS_HEADER = {"labels", "tags", "classes", "categories"}  # several, separated by spaces (Planet's tags)
+LABEL_SEPARATORS = "|;,"  # in a file whose cells hold one: "Film Noir|Drama"; else spaces, as Planet's tags
+PRESENT, ABSENT = {"1", "1.0", "true", "yes"}, {"0", "0.0", "false", "no", ""}
 
 
-def _csv_rows(csv_path: Path) -> tuple[list[str] | None, list[list[str]]]:
-    """(the header row or None, the data rows), cells stripped; a header is recognized by its first column's name."""
-    with open(csv_path, newline="", encoding="utf-8-sig") as handle:
-        rows = [[cell.strip() for cell in row] for row in csv.reader(handle) if row and any(c.strip() for c in row)]
-    if rows and rows[0][0].lower() in HEADER_NAMES:
-        return rows[0], rows[1:]
-    return None, rows
-
-
-def _image_path(root: Path, name: str) -> Path:
-    """The file a row names (relative to the CSV); a name without a suffix may leave out .jpg, .png, ..."""
-    path = Path(name) if Path(name).is_absolute() else root / name
+def _image_path(base: Path, name: str) -> Path:
+    """The file a row names (relative to ``base``); a name without a suffix may leave out .jpg, .png, ..."""
+    path = Path(name) if Path(name).is_absolute() else base / name
     if not path.suffix and not path.is_file():
         found = next((path.with_suffix(s) for s in IMAGE_SUFFIXES if path.with_suffix(s).is_file()), None)
         return found or path
     return path
 
 
-def _one_hot_columns(csv_path: Path, header: list[str] | None, rows: list[list[str]]) -> list[str]:
-    """The class columns of a ``path,<class>,<class>,...`` CSV of 0/1 cells, or [] for a ``path,label(s)`` CSV."""
-    if header is None or len(header) < 3 or header[1].lower() in LABELS_HEADER | {"split"}:
-        return []
-    columns = [name for name in header[1:] if name.lower() != "split"]
+def _image_base(root: Path, name: str) -> Path:
+    """Where a CSV's names are relative to: its folder, or the one folder in it that holds the named image.
+
+    Kaggle's lists sit beside the folder of their images (``train_classes.csv`` and ``train-jpg/``, names
+    without a folder or a suffix).
+    """
+    if Path(name).is_absolute() or _image_path(root, name).is_file():
+        return root
+    holding = [folder for folder in sorted(root.iterdir()) if folder.is_dir() and _image_path(folder, name).is_file()]
+    return holding[0] if len(holding) == 1 else root
+
+
+def _csv_rows(csv_path: Path) -> tuple[Path, list[str] | None, list[list[str]]]:
+    """(the folder the names are relative to, the header row or None, the data rows), cells stripped.
+
+    The first row is a header when its first cell is a usual column name, or names no image while the
+    second row's does.
+    """
+    with open(csv_path, newline="", encoding="utf-8-sig") as handle:
+        rows = [[cell.strip() for cell in row] for row in csv.reader(handle) if row and any(c.strip() for c in row)]
+    if not rows:
+        return csv_path.parent, None, []
+    base = _image_base(csv_path.parent, rows[1][0] if len(rows) > 1 else rows[0][0])
+    named = rows[0][0].lower() in HEADER_NAMES
+    above_images = len(rows) > 1 and _image_path(base, rows[1][0]).is_file()
+    if named or (above_images and not _image_path(base, rows[0][0]).is_file()):
+        return base, rows[0], rows[1:]
+    return base, None, rows
+
+
+def _spaces_separate(cells: list[str]) -> bool:
+    """Whether spaces separate labels in these cells or belong to class names ("golden retriever").
+
+    Sets of labels outnumber the labels (Planet: hundreds of tag sets of 17 tags), or a cell of several
+    words is made of words that are labels on their own; class names with spaces give neither.
+    """
+    whole = {cell for cell in cells if cell}
+    words = {word for cell in whole for word in cell.split()}
+    return len(whole) > len(words) or any(len(c.split()) > 1 and set(c.split()) <= whole for c in whole)
+
+
+def _label_column(header: list[str] | None) -> int | None:
+    """The column of the labels: one named like ``labels``, else the second; None for one 0/1 column per class."""
+    named = next((i for i, name in enumerate(header or []) if name.lower() in LABEL_HEADER | LABELS_HEADER), None)
+    if named is not None or header is None or len(header) < 3 or header[1].lower() == "split":
+        return named or 1
+    return None
+
+
+def _one_hot_labels(csv_path: Path, header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """(the classes, each row's labels) of a ``path,<class>,<class>,...`` CSV of 0/1 cells."""
+    columns = [(i, name) for i, name in enumerate(header) if i and name.lower() != "split"]
+    tags = []
     for number, row in enumerate(rows, 1):
-        for name, cell in zip(columns, row[1:], strict=False):
-            if cell not in ("0", "1", ""):
-                raise _refuse(csv_path, f"row {number} has {cell!r} in the column {name}", "write 0 or 1 per class")
-    return columns
+        given = []
+        for i, name in columns:
+            cell = row[i].lower() if i < len(row) else ""
+            if cell not in PRESENT | ABSENT:
+                raise _refuse(csv_path, f"row {number} has {row[i]!r} in the column {name}", "write 0 or 1 per class")
+            if cell in PRESENT:
+                given.append(name)
+        tags.append(given)
+    return [name for _, name in columns], tags
 
 
 def _from_csv(csv_path: Path, task: str) -> LabelledImages:
-    """A ``path,label`` list (several labels separated by spaces: multi-label), or one 0/1 column per class."""
+    """A ``path,label`` list (several labels per cell: multi-label), or one 0/1 column per class."""
     root = csv_path.parent
-    header, rows = _csv_rows(csv_path)
+    base, header, rows = _csv_rows(csv_path)
     if not rows:
         raise _refuse(csv_path, "lists no images", "write one 'path,label' row per image")
-    classes = _one_hot_columns(csv_path, header, rows)
-    split_column = (
-        header.index(next(name for name in header if name.lower() == "split"))
-        if header and any(name.lower() == "split" for name in header)
-        else (2 if not classes else None)
-    )
-    if classes:
-        tags = [[name for name, cell in zip(classes, row[1:], strict=False) if cell == "1"] for row in rows]
+    named_split = [i for i, name in enumerate(header or []) if name.lower() == "split"]
+    split_column = named_split[0] if named_split else (2 if header is None else None)
+    label_column = _label_column(header)
+    if label_column is None:
+        class_names, tags = _one_hot_labels(csv_path, header or [], rows)
+        how, spaces_note = "one 0/1 column per class", ""
     else:
-        tags = [row[1].split() if len(row) > 1 else [] for row in rows]
+        cells = [row[label_column] if len(row) > label_column else "" for row in rows]
+        separator = next((mark for mark in LABEL_SEPARATORS if any(mark in cell for cell in cells)), None)
+        plural = header is not None and header[label_column].lower() in LABELS_HEADER
+        guessed = not separator and not plural and task == "auto" and header is None and _spaces_separate(cells)
+        if separator or plural or guessed or task == "multilabel":
+            tags = [[tag.strip() for tag in cell.split(separator) if tag.strip()] for cell in cells]
+        else:
+            tags = [[cell] if cell else [] for cell in cells]
+        spaces_note = "; class names with spaces: set data.task multiclass" if guessed else ""
+        class_names = _sorted_labels({tag for given in tags for tag in given})
+        how = "rows with several labels"
     several = next((number for number, given in enumerate(tags, 1) if len(given) > 1), None)
-    multilabel = task == "multilabel" or (task == "auto" and (bool(classes) or several is not None))
+    multilabel = task == "multilabel" or (task == "auto" and (label_column is None or several is not None))
     if not multilabel:
         if several is not None:
             raise _refuse(
@@ -226,14 +281,14 @@ def _from_csv(csv_path: Path, task: str) -> LabelledImages:
         bad = next((number for number, given in enumerate(tags, 1) if not given), None)
         if bad is not None:
             raise _refuse(csv_path, f"row {bad} has no label", "write 'path,label' (and optionally ',split') per row")
-    class_names = list(classes) if classes else _sorted_labels({tag for given in tags for tag in given})
     _check_classes(csv_path, class_names)
     index = {name: position for position, name in enumerate(class_names)}
     splits: dict[str, list[Entry]] = {}
     for number, (row, given) in enumerate(zip(rows, tags, strict=True), 1):
-        path = _image_path(root, row[0])
+        path = _image_path(base, row[0])
         if not path.is_file():
-            raise _refuse(csv_path, f"row {number} names {row[0]}, which does not exist", "fix the path")
+            where = "" if base == root else f" in {base.name}/"
+            raise _refuse(csv_path, f"row {number} names {row[0]}, which does not exist{where}", "fix the path")
         cell = row[split_column] if split_column is not None and len(row) > split_column else ""
         split = SPLIT_FOLDERS.get(cell.lower(), "") if cell else "train"
         if not split:
@@ -245,9 +300,12 @@ def _from_csv(csv_path: Path, task: str) -> LabelledImages:
     if "train" not in splits:
         raise _refuse(csv_path, "has no training rows", "leave the split column empty or 'train' for training images")
     found = LabelledImages(root, "csv", class_names, splits, task="multilabel" if multilabel else "multiclass")
+    if base != root:
+        rank_zero_info(f"Data: {csv_path.name} names images in {base.name}/")
     if multilabel and task == "auto":
-        how = "one 0/1 column per class" if classes else "rows with several labels"
-        rank_zero_info(f"Data: {csv_path.name} gives {how}: data.task is multilabel (one sigmoid per class)")
+        rank_zero_info(
+            f"Data: {csv_path.name} gives {how}: data.task is multilabel (one sigmoid per class){spaces_note}"
+        )
     return found
 
 
