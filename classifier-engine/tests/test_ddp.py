@@ -149,14 +149,14 @@ def test_the_report_of_a_two_process_test_equals_the_single_process_one(ddp_run)
         assert (two.parent / name).read_text() == (one.parent / name).read_text()
 
 
-def write_indexed_folder(folder: Path, per_class: int = 16) -> Path:
+def write_indexed_folder(folder: Path, counts: tuple[int, int, int] = (16, 16, 16)) -> Path:
     """Class folders of 32x32 PNGs (packed as they are) whose first two red pixels carry their packed row."""
     from PIL import Image
 
     for label, name in enumerate(("ant", "bee", "cow")):
         (folder / name).mkdir(parents=True)
-        for index in range(per_class):
-            row = label * per_class + index  # the packed order: by class, then by file name
+        for index in range(counts[label]):
+            row = sum(counts[:label]) + index  # the packed order: by class, then by file name
             pixels = np.full((32, 32, 3), 60 * label, dtype=np.uint8)
             pixels[0, 0, 0], pixels[0, 1, 0] = row // 256, row % 256  # channel 0, as DataProbe reads them
             Image.fromarray(pixels).save(folder / name / f"{index:03d}.png")
@@ -180,6 +180,33 @@ def test_two_processes_on_a_packed_folder_train_on_disjoint_shards_to_identical_
         # 36 training rows in steps of 2 x 4: each epoch's permutation drops the 4 left over
         assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 32
         assert shards[0] | shards[1] <= set(train_rows.tolist())
+    assert records[0]["weights"] == records[1]["weights"]
+
+
+def test_the_balanced_sampler_deals_one_draw_per_epoch_over_two_processes(tmp_path):
+    photos = write_indexed_folder(tmp_path / "photos", counts=(40, 8, 4))
+    probe = tmp_path / "probe.yaml"
+    callback = {"class_path": "engine_probes.DataProbe", "init_args": {"output_dir": str(tmp_path / "probe")}}
+    probe.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
+    ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--config", str(probe)]
+    args = images_args(photos, *ddp, "--trainer.devices=2", "--data.flip=none", "--data.random_resized_crop=false",
+                       "--data.sampler=balanced", "--data.crop_padding=0", "--data.batch_size=4")  # fmt: skip
+    run_cli(*args, cwd=tmp_path)
+    records = [json.loads((tmp_path / "probe" / f"rank{rank}.json").read_text()) for rank in range(2)]
+    (packed,) = (tmp_path / "data" / "packed").glob("photos-32px-*")
+    labels = np.load(packed / "train_labels.npy")
+    train_rows = set(stratified_split(labels, (0.25, 0.0), seed=0)[0].tolist())
+    draws = []
+    for epoch in ("0", "1"):
+        shares = [record["ids"][epoch] for record in records]
+        assert shares[0] != shares[1] and len(shares[0]) == len(shares[1])  # each rank its part of the draw
+        drawn = shares[0] + shares[1]
+        assert set(drawn) <= train_rows
+        per_class = np.bincount(labels[drawn], minlength=3) / len(drawn)
+        # 40:8:4 images (30:6:3 train): a plain epoch is 8 % cows; this one draws every class alike.
+        assert per_class.min() >= 0.2 and per_class.max() <= 0.5, per_class
+        draws.append(drawn)
+    assert draws[0] != draws[1]  # a new draw each epoch
     assert records[0]["weights"] == records[1]["weights"]
 
 

@@ -359,18 +359,32 @@ def test_the_fitting_rules_on_known_numbers():
     assert 0.3 < float(best_f1_thresholds(probabilities, torch.tensor([[1], [1], [0], [0]]))[0]) < 0.8
 
 
-def test_a_threshold_fitted_for_another_score_is_not_applied_and_that_is_said(caplog):
-    fitted = Calibration("multiclass", 3, reject_with="msp")
-    fitted.rejection.fill_(0.7)
+def test_a_checkpoint_keeps_both_scores_thresholds_so_predict_may_switch(caplog):
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 3, (400,), generator=generator)
+    logits = torch.randn(400, 3, generator=generator) + 2 * torch.nn.functional.one_hot(labels, 3)
+    fitted = Calibration("multiclass", 3, reject_with="msp", keep_correct=0.9)
+    fitted.collect(logits, labels)
+    fitted.fit()
     record = fitted.record()
-    same = Calibration("multiclass", 3, reject_with="msp")
-    same.restore(record)
-    assert float(same.rejection) == pytest.approx(0.7)
-    other = Calibration("multiclass", 3, reject_with="energy")
+    energy = Calibration("multiclass", 3, reject_with="energy", keep_correct=0.9)
+    energy.restore(record)
+    correct = fitted.probabilities(logits).argmax(dim=1) == labels
+    kept = energy.answered(logits)[correct].float().mean()  # the energy threshold keeps the same share
+    assert float(energy.rejection) == pytest.approx(record["unknown_thresholds"]["energy"], rel=1e-6)
+    assert abs(float(kept) - 0.9) < 0.01
+    assert float(fitted.rejection) == pytest.approx(record["unknown_thresholds"]["msp"], rel=1e-6)
+    assert record["rejection"]["threshold"] == float(fitted.rejection)
+    # A record that kept one score's threshold only: the other is not applied, and a line says so; so is a
+    # keep_correct other than the fitted one.
+    del record["unknown_thresholds"]
     with caplog.at_level("INFO"):
-        other.restore(record)
-    assert float(other.rejection) == -math.inf and bool(other.answered(torch.zeros(2, 3)).all())
-    assert "threshold is for model.reject_with msp, not energy: every image gets a class" in caplog.text
+        energy.rejection.fill_(-math.inf)
+        energy.restore(record)
+        Calibration("multiclass", 3, reject_with="msp", keep_correct=0.95).restore(record)
+    assert float(energy.rejection) == -math.inf and bool(energy.answered(torch.zeros(2, 3)).all())
+    assert 'no "unknown" threshold for model.reject_with energy: every image gets a class' in caplog.text
+    assert "threshold keeps 0.9 of the correct validation answers, as fitted; model.keep_correct 0.95" in caplog.text
 
 
 def write_noisy_arrays(folder: Path, per_class: int = 150) -> Path:

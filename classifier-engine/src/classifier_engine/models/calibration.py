@@ -120,6 +120,7 @@ class Calibration(nn.Module):
         self.register_buffer("thresholds", torch.full((num_classes,), 0.5), persistent=False)
         self.register_buffer("rejection", torch.tensor(-math.inf), persistent=False)
         self.fitted: dict[str, Any] = {}  # what the last fit measured (the record's figures)
+        self.by_score: dict[str, float] = {}  # multi-class: the "unknown" threshold of each score, fitted alike
         self._logits: list[Tensor] = []
         self._targets: list[Tensor] = []
 
@@ -128,10 +129,10 @@ class Calibration(nn.Module):
         scaled = logits.float() / self.temperature
         return scaled.sigmoid() if self.multilabel else scaled.softmax(dim=-1)
 
-    def scores(self, logits: Tensor) -> Tensor:
+    def scores(self, logits: Tensor, score: RejectionScore | None = None) -> Tensor:
         """How sure each answer is, by the rejection score (higher: more like the validation images)."""
         scaled = logits.float() / self.temperature
-        if self.reject_with == "energy":
+        if (score or self.reject_with) == "energy":
             return self.temperature * torch.logsumexp(scaled, dim=-1)
         return scaled.softmax(dim=-1).max(dim=-1).values
 
@@ -186,10 +187,16 @@ class Calibration(nn.Module):
         figures = {"ece": self.fitted["ece_after"], "ece_uncalibrated": self.fitted["ece_before"]}
         if self.multilabel:
             self.thresholds.copy_(best_f1_thresholds(calibrated, targets).to(device))
-        elif self.reject_with != "none":
+            return figures
+        # Both scores' thresholds are kept, so test and predict may switch model.reject_with on this checkpoint.
+        correct = calibrated.argmax(-1) == targets
+        self.by_score = {
+            score: rejection_threshold(self.scores(logits.to(device), score).cpu(), correct, self.keep_correct)
+            for score in ("msp", "energy")
+        }
+        if self.reject_with != "none":
             scores = self.scores(logits.to(device)).cpu()
-            correct = calibrated.argmax(-1) == targets
-            threshold = rejection_threshold(scores, correct, self.keep_correct)
+            threshold = self.by_score[self.reject_with]
             self.rejection.fill_(threshold)
             answered = scores >= threshold
             self.fitted |= {
@@ -210,7 +217,10 @@ class Calibration(nn.Module):
         }
         if self.multilabel:
             record["thresholds"] = self.thresholds.cpu().tolist()
-        elif self.reject_with != "none":
+            return record
+        if self.by_score:
+            record["unknown_thresholds"] = {**self.by_score, "keep_correct": self.keep_correct}
+        if self.reject_with != "none":
             record["rejection"] = {
                 "score": self.reject_with,
                 "threshold": float(self.rejection),
@@ -225,15 +235,26 @@ class Calibration(nn.Module):
         self.temperature.copy_(torch.tensor(record["temperature"], dtype=torch.float32))
         if self.multilabel and record.get("thresholds") is not None:
             self.thresholds.copy_(torch.tensor(record["thresholds"], dtype=torch.float32))
-        rejection = record.get("rejection")
-        if rejection and not self.multilabel and rejection["score"] == self.reject_with:
-            self.rejection.fill_(float(rejection["threshold"]))
-        elif rejection and self.reject_with != "none":  # the threshold of one score says nothing of the other
-            rank_zero_info(
-                f'Calibration: the checkpoint\'s "unknown" threshold is for model.reject_with {rejection["score"]}, '
-                f"not {self.reject_with}: every image gets a class (set {rejection['score']}, or fit again to fit one)"
-            )
         self.fitted = {key: value for key, value in (record.get("fitted_on") or {}).items() if key != "split"}
+        if self.multilabel or self.reject_with == "none":
+            return
+        by_score, rejection = record.get("unknown_thresholds") or {}, record.get("rejection")
+        self.by_score = {score: float(by_score[score]) for score in ("msp", "energy") if score in by_score}
+        kept = by_score.get("keep_correct", (rejection or {}).get("keep_correct"))
+        if kept is not None and kept != self.keep_correct:
+            rank_zero_info(
+                f'Calibration: the checkpoint\'s "unknown" threshold keeps {kept} of the correct validation answers, '
+                f"as fitted; model.keep_correct {self.keep_correct} takes a fit"
+            )
+        if self.reject_with in self.by_score:
+            self.rejection.fill_(self.by_score[self.reject_with])
+        elif rejection and rejection["score"] == self.reject_with:
+            self.rejection.fill_(float(rejection["threshold"]))
+        else:  # a record that kept one score's threshold says nothing of the other score
+            rank_zero_info(
+                f'Calibration: the checkpoint has no "unknown" threshold for model.reject_with {self.reject_with}: '
+                "every image gets a class (fit again to fit one)"
+            )
 
 
 class TemperatureScaling(nn.Module):
