@@ -184,7 +184,7 @@ def test_two_processes_on_a_packed_folder_train_on_disjoint_shards_to_identical_
 
 
 def test_the_balanced_sampler_deals_one_draw_per_epoch_over_two_processes(tmp_path):
-    photos = write_indexed_folder(tmp_path / "photos", counts=(40, 8, 4))
+    photos = write_indexed_folder(tmp_path / "photos", counts=(80, 16, 8))
     probe = tmp_path / "probe.yaml"
     callback = {"class_path": "engine_probes.DataProbe", "init_args": {"output_dir": str(tmp_path / "probe")}}
     probe.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
@@ -203,8 +203,9 @@ def test_the_balanced_sampler_deals_one_draw_per_epoch_over_two_processes(tmp_pa
         drawn = shares[0] + shares[1]
         assert set(drawn) <= train_rows
         per_class = np.bincount(labels[drawn], minlength=3) / len(drawn)
-        # 40:8:4 images (30:6:3 train): a plain epoch is 8 % cows; this one draws every class alike.
-        assert per_class.min() >= 0.2 and per_class.max() <= 0.5, per_class
+        # 80:16:8 images (60:12:6 train): a plain epoch is 77 % ants and 8 % cows; this one draws each class
+        # a third of the time, 72 draws per epoch (bounds about 3 standard deviations wide).
+        assert per_class.min() >= 0.15 and per_class.max() <= 0.55, per_class
         draws.append(drawn)
     assert draws[0] != draws[1]  # a new draw each epoch
     assert records[0]["weights"] == records[1]["weights"]

@@ -51,6 +51,28 @@ def test_predict_writes_one_row_per_test_image(trained):
         )
 
 
+def test_predict_may_switch_the_unknown_score_on_a_trained_model(trained):
+    """The checkpoint keeps both scores' thresholds: energy's answers are the model's own, at its threshold."""
+    from cifar_classifier.models import ImageClassifier
+
+    from classifier_engine.machinery.export.run_data import load_run_data
+
+    table = rows(trained, predict(trained, "--model.reject_with=energy"))
+    last = next(trained.glob("runs/*/*/checkpoints/last.ckpt"))
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    model = ImageClassifier.load_from_checkpoint(last, map_location="cpu", reject_with="energy").eval()
+    assert float(model.calibration.rejection) == pytest.approx(
+        checkpoint["calibration"]["unknown_thresholds"]["energy"], rel=1e-6
+    )
+    held_out = load_run_data(last, checkpoint, list(model.class_names), trained / "data", "the check").held_out
+    with torch.inference_mode():
+        scores = model.calibration.scores(model.evaluate(torch.from_numpy(np.array(held_out.images[:]))))
+    margin = (scores - model.calibration.rejection).tolist()
+    for row, above in zip(table, margin, strict=True):  # (a score within 1e-4 of the threshold may go either way)
+        assert (row["predicted"] != "unknown") == (above >= 0) or abs(above) < 1e-4
+    assert 0 < sum(row["predicted"] == "unknown" for row in table) < len(table)
+
+
 def test_predict_on_a_folder_of_own_images_skips_the_unreadable_one(trained):
     folder = trained / "my_images"
     (folder / "nested").mkdir(parents=True)

@@ -42,6 +42,9 @@ from .run_record import RunRecord
 from .summary import evaluation_summary, fit_summary
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# Model settings that choose how a trained model's answers are read, not what it learnt: at test and predict
+# the command's own config sets them, where every other model setting comes from the checkpoint.
+EVALUATION_CHOICES = ("reject_with",)
 
 
 def resolved_config(parser: LightningArgumentParser, config: Namespace) -> dict:
@@ -195,6 +198,8 @@ class TrainerCLI(LightningCLI):
         """Lightning's ``_parse_ckpt_path`` on the checkpoint already read (it would load the file once more)."""
         hparams = dict(stored.get("hyper_parameters", {}))
         hparams.pop("_instantiator", None)
+        for name in EVALUATION_CHOICES:  # the command's own config chooses these
+            hparams.pop(name, None)
         if hparams:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         # The images are made as the model saw them in training (its preprocessing record: a model trained at
