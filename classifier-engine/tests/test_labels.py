@@ -30,6 +30,7 @@ from classifier_engine.data.folder import ImageFolderDataModule, stratified_spli
 from classifier_engine.data.image_sources import find_images
 from classifier_engine.data.loader import BalancedEpochSampler
 from classifier_engine.machinery.export.run_data import load_run_data
+from classifier_engine.models import calibration
 from classifier_engine.models.calibration import Calibration, best_f1_thresholds, fit_temperature, rejection_threshold
 from classifier_engine.testing import write_multilabel_images
 
@@ -354,6 +355,15 @@ def test_the_fitting_rules_on_known_numbers():
     honest = torch.randn(4000, 3, generator=generator) + 2 * torch.nn.functional.one_hot(labels, 3)
     drawn = torch.distributions.Categorical(logits=honest).sample()
     assert 4.0 < float(fit_temperature(5 * honest, drawn, multilabel=False)) < 6.0
+    # Multi-label: a class the validation images separate does not run its temperature towards 0 (free, it does).
+    present = torch.randint(0, 2, (150, 2), generator=generator).float()
+    separable = 2 * (2 * present[:, 0] - 1) + 0.3 * torch.randn(150, generator=generator)
+    noisy = 0.5 * (2 * present[:, 1] - 1) + torch.randn(150, generator=generator)
+    logits = torch.stack([separable, noisy], dim=1)
+    assert float(fit_temperature(logits, present, multilabel=True)[0]) > 0.3
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibration, "SHARED_TEMPERATURE_IMAGES", 0.0)
+        assert float(fit_temperature(logits, present, multilabel=True)[0]) < 0.1
     # The F1-best threshold of a class separates its positives from its negatives.
     probabilities = torch.tensor([[0.9], [0.8], [0.3], [0.2]])
     assert 0.3 < float(best_f1_thresholds(probabilities, torch.tensor([[1], [1], [0], [0]]))[0]) < 0.8
