@@ -230,6 +230,25 @@ def test_ctrl_c_at_a_terminal_on_an_epochs_last_batch_stops_cleanly_and_resumes(
     assert torch.load(last, weights_only=True)["global_step"] == 3 * 20
 
 
+@pytest.mark.every_render
+def test_a_scheduler_s_sigterm_to_every_process_keeps_the_step_it_stopped_at(tmp_path, reference):
+    # SLURM signals every process of a job step: the loader workers die of the SIGTERM while the stop's
+    # checkpoint is being written. It must still hold the step the run stopped at, with no traceback on screen.
+    args = fit_args("data", *SMALL_RUN, "--data.num_workers=2")
+    write_tiny_archive(tmp_path / "data")
+    stopped = subprocess.run(
+        [sys.executable, str(project_of(args, tmp_path) / "main.py"), *args], cwd=tmp_path, capture_output=True,
+        text=True, timeout=300, start_new_session=True,
+        env=cli_env(KILL_AT="train_batch:1:6", KILL_SIGNAL="SIGTERM", KILL_GROUP="1"),
+    )  # fmt: skip
+    assert stopped.returncode == EXIT_STATUS["SIGTERM"], stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr + stopped.stdout and "race condition" not in stopped.stderr
+    (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 20 + 7  # epoch 1's batch 6 ended the run
+    run_cli(*args, "--ckpt_path=last", cwd=tmp_path)
+    assert_same_run(reference(args), tmp_path, True)
+
+
 def test_a_stopped_two_process_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference):
     ddp = ["--config", str(PROJECT_ROOT / "configs" / "presets" / "ddp.yaml"), "--trainer.accelerator=cpu"]
     args = fit_args("data", *SMALL_RUN, *ddp, "--trainer.devices=2", "--data.num_workers=2")

@@ -41,6 +41,10 @@ EXIT_SIGNAL = {TERMINATE: signal.SIGTERM, INTERRUPT: signal.SIGINT}
 HEARD_CTRL_C = b"Ctrl-C: stopping after this batch, with a checkpoint (again: at once)\n"
 
 
+def _child_exited(signum: int, frame: FrameType | None) -> None:
+    """SIGCHLD once stopping: a loader worker's exit is left to the loader's own check."""
+
+
 class StopOnSignal(L.Callback):
     """On SIGTERM, Ctrl-C or ``requeue_signal``: checkpoint at the next batch boundary on every rank and stop."""
 
@@ -97,6 +101,14 @@ class StopOnSignal(L.Callback):
             # (print would fail as reentrant).
             if self._trainer is None or self._trainer.is_global_zero:
                 os.write(sys.stderr.fileno(), HEARD_CTRL_C)
+        elif signum == signal.SIGTERM:
+            # A scheduler's SIGTERM reaches the loader workers too, and they die of it. torch's SIGCHLD handler
+            # would raise each death inside whatever this process does next (the stop's checkpoint write, which
+            # it aborts, or the exit, as a traceback); without it a dead worker is still found by the loader's
+            # own check when a batch is next awaited. The process is stopping: the handler is not put back. (A
+            # Python handler that does nothing, not SIG_DFL: Python reports a pending signal whose handler became
+            # SIG_DFL as "ignored due to race condition".)
+            signal.signal(signal.SIGCHLD, _child_exited)
         reason = {self.requeue_signal: REQUEUE, signal.SIGINT: INTERRUPT}.get(signum, TERMINATE)
         self.received = max(self.received, reason)
         trainer = self._trainer
