@@ -201,12 +201,12 @@ class Calibration(nn.Module):
             return figures
         # Both scores' thresholds are kept, so test and predict may switch model.reject_with on this checkpoint.
         correct = calibrated.argmax(-1) == targets
+        by_score = {score: self.scores(logits.to(device), score).cpu() for score in ("msp", "energy")}
         self.by_score = {
-            score: rejection_threshold(self.scores(logits.to(device), score).cpu(), correct, self.keep_correct)
-            for score in ("msp", "energy")
+            score: rejection_threshold(scores, correct, self.keep_correct) for score, scores in by_score.items()
         }
         if self.reject_with != "none":
-            scores = self.scores(logits.to(device)).cpu()
+            scores = by_score[self.reject_with]
             threshold = self.by_score[self.reject_with]
             self.rejection.fill_(threshold)
             answered = scores >= threshold
