@@ -252,8 +252,11 @@ def test_an_own_network_plugs_in_through_the_config_alone(tmp_path):
     checkpoint["hyper_parameters"]["backbone"]["class_path"] = "not_installed.TinyNet"
     torch.save(checkpoint, tmp_path / "moved.ckpt")
     with pytest.raises(ExportError, match=r"model\.backbone: No module named 'not_installed'") as refused:
-        load_model(tmp_path / "moved.ckpt", ImageClassifier)
+        load_model(tmp_path / "moved.ckpt", ImageClassifier, trusted=["not_installed.TinyNet"])
     assert "\n" not in str(refused.value)
+    # Not trusted, it is not even looked for: a checkpoint is data (test_untrusted_files.py).
+    with pytest.raises(ExportError, match=r"names not_installed\.TinyNet at hyper_parameters\.backbone\.class_path"):
+        load_model(tmp_path / "moved.ckpt", ImageClassifier)
 
 
 @pytest.mark.parametrize("short_hash", ["0a1b2c3d4e5f", "727264334204"], ids=["hex", "all-digits"])

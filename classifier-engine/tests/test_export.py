@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 import tarfile
+import zipfile
 from functools import partial
 from pathlib import Path
 
@@ -174,6 +176,19 @@ def test_export_ships_three_artifacts_each_judged_on_the_real_test_split(trained
     text = (exported / "model.card.md").read_text()
     assert "| model.int8.onnx |" in text and "of top-1 against fp32 ONNX" in text and "config hash" in text
 
+    # What is shipped names nothing of this machine: not the run's folder, the project's or the interpreter's.
+    assert card["source"]["checkpoint"] == "checkpoints/last.ckpt"
+    assert card["source"]["checkpoint_sha256"] == hashlib.sha256(trained.read_bytes()).hexdigest()
+    assert zipfile.ZipFile(exported / "model.pt2").namelist()[0].startswith("archive/")
+    machine = {str(trained.parents[4]), str(PROJECT_ROOT), sys.prefix, sys.base_prefix, str(Path.cwd())}
+    for file in exported.iterdir():
+        contents = [file.read_bytes()]
+        if zipfile.is_zipfile(file):
+            with zipfile.ZipFile(file) as archive:
+                contents += [archive.read(name) for name in archive.namelist()]
+        for place in machine:
+            assert not any(place.encode() in content for content in contents), (file.name, place)
+
 
 def without_recorded_data(trained: Path, tmp_path: Path) -> Path:
     """The checkpoint as it is on a machine without the run's data: its recorded data folder does not exist."""
@@ -249,8 +264,8 @@ def test_bad_checkpoints_are_refused_in_one_line(trained, tmp_path, capsys, prob
     before = snapshot(tmp_path)
     code, line = refused(capsys, "--ckpt_path", str(bad), "--output_dir", str(tmp_path / "out"))
     assert code == 2 and line.startswith("error: ") and str(bad) in line
-    if problem == "unimportable backbone":
-        assert "model.backbone: No module named 'not_installed'" in line
+    if problem == "unimportable backbone":  # a class the project does not trust is not even looked for
+        assert "names not_installed.TinyNet at hyper_parameters.backbone.class_path" in line
     assert snapshot(tmp_path) == before
 
 

@@ -118,7 +118,12 @@ def test_the_docs_datamodule_gets_test_predict_export_int8_and_the_registry(tmp_
     fit = ["fit", "--config", str(config), "--config", "configs/my_data.yaml", "--data.val_size=32", *TINY]
     run = fit_test_predict(fit, tmp_path, env)
 
-    result = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100",
+    # A checkpoint is data: the DataModule of a module outside the project's package is trusted by name.
+    trust = ["--trust", "my_data.ArrayDataModule"]
+    refused = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), cwd=tmp_path, env=env)
+    assert refused.returncode == 1 and "names my_data.ArrayDataModule at datamodule_hyper_parameters" in refused.stderr
+    assert not (run / "checkpoints" / "export").exists()
+    result = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100", *trust,
                     "--register", "own-arrays", cwd=tmp_path, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     images, labels = np.load(tmp_path / "data/arrays/test_x.npy"), np.load(tmp_path / "data/arrays/test_y.npy")
@@ -129,7 +134,7 @@ def test_the_docs_datamodule_gets_test_predict_export_int8_and_the_registry(tmp_
 
     # --data_dir reaches the DataModule's own use_data_dir: the same arrays, moved.
     (tmp_path / "data" / "arrays").rename(tmp_path / "moved")
-    moved = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100",
+    moved = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100", *trust,
                    "--data_dir", str(tmp_path / "moved"), "--output_dir", str(tmp_path / "again"),
                    cwd=tmp_path, env=env)  # fmt: skip
     assert moved.returncode == 0, moved.stderr[-3000:]
@@ -161,7 +166,7 @@ def test_a_folder_datamodule_subclass_exports_from_its_packed_copy_without_data_
     photos.rename(tmp_path / "elsewhere")
     (tmp_path / "other").mkdir()
     result = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100",
-                    "--register", "own-photos", "--tracking_uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                    "--trust", "my_photos.TaggedPhotos", "--register", "own-photos", "--tracking_uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
                     cwd=tmp_path / "other", env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "registered own-photos version 1" in result.stdout
@@ -170,4 +175,4 @@ def test_a_folder_datamodule_subclass_exports_from_its_packed_copy_without_data_
     rows = state["held_out_rows"]["test"].numpy()
     images, labels = np.load(packed / "train_images.npy")[rows], np.load(packed / "train_labels.npy")[rows]
     card = check_card(run / "checkpoints" / "export", images, labels, "test")
-    assert card["evaluation"]["dataset"].startswith("ours photos of") and card["evaluation"]["data_dir"] == str(packed)
+    assert card["evaluation"]["dataset"].startswith("ours photos of") and card["evaluation"]["data_dir"] == packed.name

@@ -54,7 +54,19 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     add("--eval_limit", type=int, help="evaluate the first N test images only (default: the whole split; 0: none)")
     add("--eval_batch_size", type=int, help="images per evaluation batch (default: %(default)s)")
     add("--opset", type=int, help="ONNX opset (default: the exporter's, at least 18)")
-    add("--tolerance", type=float, help="max |logit difference| of fp32 files against PyTorch (default: %(default)s)")
+    add(
+        "--tolerance",
+        type=float,
+        help="largest |logit difference| of the fp32 files against PyTorch, as a share of the largest |logit| (at "
+        "least 1); default: 1e-4, or ten times the network's own float32 rounding error where that is more",
+    )
+    add(
+        "--trust",
+        metavar="CLASS",
+        action="append",
+        type=str,
+        help="a class the checkpoint may name beyond the project's and the stated packages' (repeatable; see SECURITY.md)",
+    )
     add("--register", metavar="NAME", help="register the ONNX files in MLflow as NAME (fp32) and NAME-int8")
     add("--alias", help="point this alias of the registered models at the new versions, e.g. candidate")
     add("--tracking_uri", help="the MLflow store (default: the run's MLflow preset's, else sqlite:///runs/mlflow.db)")
@@ -62,7 +74,10 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     parser.set_defaults(
         **{field.name: field.default for field in fields(ExportOptions) if field.default is not MISSING}
     )
-    return ExportOptions(**vars(parser.parse_args(argv)))
+    parser.set_defaults(trust=None)  # argparse appends to the default's list
+    options = vars(parser.parse_args(argv))
+    options["trust"] = tuple(options["trust"] or ())
+    return ExportOptions(**options)
 
 
 def main(model_class: type[L.LightningModule], experiment: str, argv: list[str] | None = None) -> int:

@@ -316,13 +316,18 @@ class ImageDataModule(L.LightningDataModule):
         )
         return self.batches
 
+    @property
+    def batch_multiple(self) -> int:
+        """What every training batch per device is a multiple of (a store of several images per item: that many)."""
+        return 1
+
     def _fit_batch_to(self, images: int, batches: BatchSizes) -> None:
         """A training split smaller than one batch on every device (a small folder of photos) trains on all of it.
 
         The batch per device is lowered to what the split holds (the evaluation batch with it, unless
         data.eval_batch_size is set), with a line saying so; a split too small for one image per device is refused.
         """
-        fitted = images // batches.devices
+        fitted = images // batches.devices // self.batch_multiple * self.batch_multiple
         if fitted < 1:
             raise DataSettingError(
                 f"{images} training images cannot give each of {batches.devices} devices one; add images or use "

@@ -43,16 +43,16 @@ from .packing import (
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BadImagePolicy = Literal["skip", "error"]
-_found: dict[str, LabelledImages] = {}  # one walk of a folder per process (the CLI's fingerprint, then the module)
+_found: dict[tuple[str, str, bool], LabelledImages] = {}  # one walk of a folder per process (the CLI's fingerprint, then the module)
 
 
 Task = Literal["auto", "multiclass", "multilabel"]
 
 
-def labelled_images(image_dir: str | Path, task: str = "auto") -> LabelledImages:
-    key = (str(Path(image_dir).expanduser().resolve()), task)
+def labelled_images(image_dir: str | Path, task: str = "auto", allow_outside: bool = False) -> LabelledImages:
+    key = (str(Path(image_dir).expanduser().resolve()), task, allow_outside)
     if key not in _found:
-        _found[key] = find_images(Path(key[0]), task)
+        _found[key] = find_images(Path(key[0]), task, allow_outside)
     return _found[key]
 
 
@@ -103,6 +103,7 @@ class ImageFolderDataModule(ImageDataModule):
         interpolation: Interpolation | None = None,
         crop_pct: float | None = None,
         task: Task = "auto",
+        allow_paths_outside: bool = False,
         **kwargs: Any,
     ) -> None:
         """Configure the data.
@@ -132,6 +133,8 @@ class ImageFolderDataModule(ImageDataModule):
                 the shorter side to image_size / crop_pct, then the centre); null: as the weights expect, else 1.
             task: multiclass (one label per image), multilabel (a set of labels per image: one sigmoid per class)
                 or auto (multilabel when a CSV gives several labels per image or one 0/1 column per class).
+            allow_paths_outside: Let a .csv list name images outside its own folder (../, absolute paths, links);
+                off, such a list is refused, since a list from elsewhere could pack any file it names.
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
         super().__init__(**kwargs)
@@ -175,7 +178,7 @@ class ImageFolderDataModule(ImageDataModule):
             # copy the checkpoint names): the classes (and the task, from the checkpoint) are all it needs.
             self.class_names = list(class_names)
             return
-        self.found = labelled_images(self.image_dir, task)
+        self.found = labelled_images(self.image_dir, task, allow_paths_outside)
         self.task = self.found.task
         self.class_names = list(self.found.class_names)
         if class_names and list(class_names) != self.class_names:
@@ -205,7 +208,11 @@ class ImageFolderDataModule(ImageDataModule):
         """The manifest's digest (every image's path, size and time, and the packing settings): what is trained on."""
         if stage == "predict" and settings.get("predict_dir"):
             return f"images:{settings['predict_dir']}"
-        found = labelled_images(settings.get("image_dir", "data/images"), settings.get("task") or "auto")
+        found = labelled_images(
+            settings.get("image_dir", "data/images"),
+            settings.get("task") or "auto",
+            bool(settings.get("allow_paths_outside")),
+        )
         pack_settings = PackSettings(
             int(settings.get("image_size", 64)),
             settings.get("resize", "crop"),

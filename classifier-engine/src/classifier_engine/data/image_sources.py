@@ -12,6 +12,8 @@
   name: ``path``, ``image``, ``image_name``, ``file``, ...). Several labels in one cell, separated
   by spaces (``path,labels``, as Kaggle's Planet set writes ``tags``), or a header
   ``path,<class>,<class>,...`` over 0/1 cells (optionally a ``split`` column) make it multi-label.
+  A list is data from anywhere: a path that leads outside the list's folder (``..``, an absolute
+  path, a symbolic link) is refused unless ``allow_outside`` says the list is trusted to.
 - ``path`` holds ``images.npy`` and ``labels.npy`` (or ``train_images.npy``, ``val_images.npy``, ...):
   uint8 images (N, H, W, 3) or (N, 3, H, W) and integer labels 0..K-1; class names from
   ``classes.txt`` (one per line) when present.
@@ -245,7 +247,12 @@ def _one_hot_labels(csv_path: Path, header: list[str], rows: list[list[str]]) ->
     return [name for _, name in columns], tags
 
 
-def _from_csv(csv_path: Path, task: str) -> LabelledImages:
+def _outside(path: Path, root: Path) -> bool:
+    """Whether ``path``, its symbolic links followed, lies outside the folder ``root`` (as tarfile's data filter)."""
+    return not path.resolve().is_relative_to(root.resolve())
+
+
+def _from_csv(csv_path: Path, task: str, allow_outside: bool = False) -> LabelledImages:
     """A ``path,label`` list (several labels per cell: multi-label), or one 0/1 column per class."""
     root = csv_path.parent
     base, header, rows = _csv_rows(csv_path)
@@ -289,6 +296,12 @@ def _from_csv(csv_path: Path, task: str) -> LabelledImages:
         if not path.is_file():
             where = "" if base == root else f" in {base.name}/"
             raise _refuse(csv_path, f"row {number} names {row[0]}, which does not exist{where}", "fix the path")
+        if not allow_outside and _outside(path, root):
+            raise _refuse(
+                csv_path,
+                f"row {number} names {row[0]}, which lies outside {root.name or root}/, the list's folder",
+                "move the images into that folder, or set data.allow_paths_outside true if you trust the list",
+            )
         cell = row[split_column] if split_column is not None and len(row) > split_column else ""
         split = SPLIT_FOLDERS.get(cell.lower(), "") if cell else "train"
         if not split:
@@ -369,15 +382,16 @@ def _from_arrays(folder: Path) -> LabelledImages:
     return LabelledImages(folder, "arrays", class_names, splits, files)
 
 
-def find_images(path: Path, task: str = "auto") -> LabelledImages:
+def find_images(path: Path, task: str = "auto", allow_outside: bool = False) -> LabelledImages:
     """Every labelled image under ``path`` (see the module's docstring); one ``DataSettingError`` line if none.
 
     ``task``: auto (multi-label when a CSV gives several labels per image or 0/1 class columns),
-    multiclass or multilabel (every image a set of labels, even one each).
+    multiclass or multilabel (every image a set of labels, even one each). ``allow_outside``: a CSV may
+    name images outside its folder.
     """
     path = Path(path).expanduser()
     if path.is_file() and path.suffix.lower() == ".csv":
-        found = _from_csv(path, task)
+        found = _from_csv(path, task, allow_outside)
     elif not path.exists():
         raise _refuse(
             path, "does not exist", "point it at a folder of class folders, a .csv list or a folder of .npy arrays"

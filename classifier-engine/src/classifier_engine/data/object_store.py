@@ -147,6 +147,15 @@ def write_text(location: str, name: str, text: str, options: Mapping[str, Any]) 
             raise store_error(error, location) from error
 
 
+@random_state_kept
+def remove_prefix(location: str, options: Mapping[str, Any]) -> None:
+    """Delete every object under ``location`` (what a refused packing wrote there); a store's refusal is ignored."""
+    try:
+        _provider(location, options).delete_file_or_directory(location)
+    except Exception:  # nothing there, or the store refuses: the command's own error says what went wrong
+        return
+
+
 def store_error(error: BaseException, location: str) -> DataError:
     """One line for a store that cannot be used: not answering, no such bucket, credentials refused."""
     text = f"{type(error).__name__}: {error}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,13 +26,22 @@ import numpy as np
 
 from .errors import DataError, DataSettingError
 from .image_sources import Entry, LabelledImages
-from .object_store import configure_store_client, is_remote, join, store_error, write_text
+from .object_store import (
+    configure_store_client,
+    is_remote,
+    join,
+    read_text,
+    remove_prefix,
+    store_error,
+    write_text,
+)
 from .packing import PackSettings, decode_task, manifest_digest
 from .stream_format import DATASET_FILE, SPLITS, STREAM_FORMAT_VERSION, read_record
 
 ITEM_BYTES = 2**17  # about 128 KiB of pixels per item by default (16 images at 48 px, 3 at 112 px, 1 from 208 px)
 CHUNK_BYTES = "64MB"  # litdata's default chunk: large enough for object storage, small enough to cache many
 NODE_WAIT_SECONDS = 2.0
+FAILED_SUFFIX = ".failed"  # a worker's note of the unreadable image that stops a strict packing
 
 
 def default_images_per_item(side: int) -> int:
@@ -50,26 +60,34 @@ class Group:
 
 
 class ItemMaker:
-    """What litdata's workers call on each group: decode its images into one item (uint8, ids, labels, names)."""
+    """What litdata's workers call on each group: decode its images into one item (uint8, ids, labels, names).
 
-    def __init__(self, root: str, settings: PackSettings, strict: bool) -> None:
+    An image left out is also noted in ``skipped_dir`` (one file per worker process), so that the record
+    counts the images stored, not those planned.
+    """
+
+    def __init__(self, root: str, settings: PackSettings, strict: bool, skipped_dir: str) -> None:
         self.root = root
         self.rule = (settings.side, settings.resize, settings.interpolation, 1.0)
         self.strict = strict
+        self.skipped_dir = skipped_dir
 
     def __call__(self, group: Group) -> dict[str, Any]:
         configure_store_client()  # a spawned worker imports litdata afresh
         kept: list[int] = []
         pixels: list[np.ndarray] = []
         side = self.rule[0]
-        for position, key in enumerate(group.keys):
+        # With on_bad_image error, a worker notes the bad file rather than raising (litdata would print the
+        # worker's traceback), and the groups after it are left empty; pack_to_store then refuses in one line.
+        failed = self.strict and any(Path(self.skipped_dir).glob(f"*{FAILED_SUFFIX}"))
+        for position, key in enumerate(() if failed else group.keys):
             data, reason = decode_task((self.root, key, self.rule))
             if data is None:
+                note = f"{os.getpid()}{FAILED_SUFFIX if self.strict else '.txt'}"
+                with open(os.path.join(self.skipped_dir, note), "a", encoding="utf-8") as noted:
+                    noted.write(f"{key}\t{reason}\n")
                 if self.strict:
-                    raise DataError(
-                        f"{Path(self.root, key)} is not a readable image ({reason}); remove or replace it, or set "
-                        "--data.on_bad_image skip to leave such files out"
-                    )
+                    break
                 print(f"skipped {key}: {reason}", flush=True)
                 continue
             kept.append(position)
@@ -117,6 +135,53 @@ def _wait_for_node_indexes(split_dir: str, nodes: int) -> None:
     waiting = [Path(split_dir, f"{rank}-index.json") for rank in range(nodes - 1)]
     while not all(path.is_file() for path in waiting):
         time.sleep(NODE_WAIT_SECONDS)
+
+
+def _skipped_here(skipped_dir: str) -> list[str]:
+    """The keys this machine's workers left out of one split."""
+    notes = (line for path in Path(skipped_dir).glob("*.txt") for line in path.read_text("utf-8").splitlines())
+    return sorted(line.split("\t", 1)[0] for line in notes)
+
+
+def _failure_here(skipped_dir: str) -> tuple[str, str] | None:
+    """(key, reason) of the unreadable image that stopped a strict packing on this machine, if one did."""
+    notes = sorted(line for path in Path(skipped_dir).glob(f"*{FAILED_SUFFIX}")
+                   for line in path.read_text("utf-8").splitlines())  # fmt: skip
+    return tuple(notes[0].split("\t", 1)) if notes else None  # type: ignore[return-value]
+
+
+def _refuse_bad_image(root: Path, key: str, reason: str) -> DataError:
+    return DataError(
+        f"{root / key} is not a readable image ({reason}); remove or replace it, or set --data.on_bad_image skip "
+        "to leave such files out"
+    )
+
+
+def _skipped_everywhere(
+    output: str, split: str, mine: list[str], nodes: int, node_rank: int, options: dict[str, Any]
+) -> list[str]:
+    """Every node's skipped keys of ``split``: each node puts its own beside the split; the last one reads them all."""
+    write_text(join(output, split), f"skipped-{node_rank}.txt", "".join(f"{key}\n" for key in mine), options)
+    if node_rank != nodes - 1:
+        return mine
+    everything = list(mine)
+    for rank in range(nodes - 1):
+        while (text := read_text(join(output, split), f"skipped-{rank}.txt", options)) is None:
+            time.sleep(NODE_WAIT_SECONDS)
+        if text.startswith(FAILED_SUFFIX):  # that node stopped at a bad image (on_bad_image error)
+            raise DataError(f"process {rank} of the packing stopped: {text.split(' ', 1)[1].strip()}")
+        everything += text.splitlines()
+    return sorted(everything)
+
+
+def remove_written(output: str, existed: bool, options: dict[str, Any]) -> None:
+    """Remove what a refused packing wrote: a folder ``output`` itself if it was not there before, else its splits."""
+    if is_remote(output):
+        for split in SPLITS:
+            remove_prefix(join(output, split), options)
+        return
+    for target in [Path(output)] if not existed else [Path(output, split) for split in SPLITS]:
+        shutil.rmtree(target, ignore_errors=True)
 
 
 def _optimize_split(
@@ -201,18 +266,39 @@ def pack_to_store(
         raise DataSettingError(f"{found.root}: no image is left for validation; add images or raise data.val_fraction")
     os.environ["DATA_OPTIMIZER_NUM_NODES"] = str(nodes)
     os.environ["DATA_OPTIMIZER_NODE_RANK"] = str(node_rank)
-    maker = ItemMaker(str(found.root), settings, strict)
+    stored: dict[str, list[Entry]] = {}
+    existed = not is_remote(output) and Path(output).exists()
     with tempfile.TemporaryDirectory(prefix="pack-") as scratch:
         # litdata stages chunks in one folder per machine by default; packers sharing a machine would collide.
         os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = os.path.join(scratch, "chunks")
         os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = os.path.join(scratch, "data")
         for split, entries in planned.items():
+            skipped_dir = os.path.join(scratch, f"skipped-{split}")
+            os.makedirs(skipped_dir)
+            maker = ItemMaker(str(found.root), settings, strict, skipped_dir)
             groups = grouped(entries, per_item, split_seed)
             _optimize_split(maker, output, split, groups, workers, storage_options, nodes, node_rank)
+            failure = _failure_here(skipped_dir)
+            if failure is not None:
+                error = _refuse_bad_image(found.root, *failure)
+                if nodes > 1:  # the last process must not wait for this one's list
+                    write_text(join(output, split), f"skipped-{node_rank}.txt", f"{FAILED_SUFFIX} {error}", storage_options)
+                else:
+                    remove_written(output, existed, storage_options)
+                raise error
+            left_out = set(_skipped_everywhere(output, split, _skipped_here(skipped_dir), nodes, node_rank,
+                                               storage_options))  # fmt: skip
+            stored[split] = [entry for entry in entries if entry.key not in left_out]
+    if not stored.get("train") or not stored.get("val"):
+        split = "val" if stored.get("train") else "train"
+        raise DataSettingError(
+            f"{found.root.name}: every {split} image was unreadable, so nothing is left to "
+            f"{'validate' if split == 'val' else 'train'} on; replace the broken files, then pack to another --output"
+        )
     record = {
         "format_version": STREAM_FORMAT_VERSION,
         "digest": digest,
-        "source": str(found.root),
+        "source": found.root.name,  # the folder's name: a store may be shared, the machine's paths are not
         "image_size": settings.image_size,
         "side": settings.side,
         "resize": settings.resize,
@@ -220,10 +306,10 @@ def pack_to_store(
         "crop_pct": settings.crop_pct,
         "class_names": found.class_names,
         "images_per_item": per_item,
-        "counts": {split: len(entries) for split, entries in planned.items()},
+        "counts": {split: len(entries) for split, entries in stored.items()},  # what was stored, skipped files not
         "class_counts": {
             split: np.bincount([entry.label for entry in entries], minlength=len(found.class_names)).tolist()
-            for split, entries in planned.items()
+            for split, entries in stored.items()
         },
         "split_seed": split_seed,
     }

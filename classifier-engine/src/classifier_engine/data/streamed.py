@@ -32,6 +32,7 @@ from ..foundation.files import NoSpaceError, Partial, free_bytes, megabytes
 from ..foundation.process_lifetime import worker_context
 from . import stream_position
 from .datamodule import ImageDataModule
+from .batches import BatchSizes
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
 from .folder import IMAGENET_MEAN, IMAGENET_STD
@@ -294,6 +295,23 @@ class StreamedImageDataModule(ImageDataModule):
                 f"is not a multiple of it; set {knob} to make it one"
             )
         self.predict_names = self.image_names(test)
+
+    @property
+    @override
+    def batch_multiple(self) -> int:
+        return self.per_item
+
+    @override
+    def _fit_batch_to(self, images: int, batches: BatchSizes) -> None:
+        per_device = images // batches.devices
+        if per_device < self.per_item:  # no batch of this split can be made of whole items, whatever data.batch_size
+            fewer = 1 << max(0, (per_device // 2).bit_length() - 1)
+            raise DataSettingError(
+                f"{self.source} holds {per_device} training images per device, fewer than one item of "
+                f"{self.per_item}, so no batch is made of whole items; pack it again with pack.py "
+                f"--images_per_item {fewer} (or fewer) into another --output"
+            )
+        super()._fit_batch_to(images, batches)
 
     @override
     def keeps_on(self, device: torch.device) -> bool:

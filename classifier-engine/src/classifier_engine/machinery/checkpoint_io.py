@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from ..foundation.errors import UserError
 from ..foundation.files import Partial, remove_stale_partials
+from .checkpoint_trust import ClassTrust
 
 
 class NonFiniteWeightsError(FloatingPointError):
@@ -62,11 +63,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     ``written`` maps each file this process completed to the optimizer step it holds, so that a
     stopped run names the checkpoint it really left, never one that failed or was not written.
+
+    Reading goes through ``read_checkpoint`` too, whatever Lightning restores from (a resumed ``fit``,
+    ``--ckpt_path hpc``): weights only, and no class named in the file that ``trust`` does not admit.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, trust: ClassTrust | None = None) -> None:
         super().__init__()
         self.written: dict[Path, int] = {}
+        self.trust = trust or ClassTrust()
+
+    @override
+    def load_checkpoint(
+        self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return read_checkpoint(path, self.trust, map_location=map_location or "cpu")
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -109,8 +120,17 @@ def damaged_record(path: str | os.PathLike) -> str | None:
     return bad.split("/", 1)[-1] if bad is not None else None
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint's contents (weights-only, on the CPU), or say what is wrong with the file."""
+def read_checkpoint(
+    path: str | os.PathLike,
+    trust: ClassTrust,
+    how_to_trust: str = "name the class in the command's config if you trust it",
+    map_location: Any = "cpu",
+) -> dict[str, Any]:
+    """Load a checkpoint's contents (weights-only, on the CPU), or say what is wrong with the file.
+
+    A checkpoint is data from anywhere: pickled objects are refused, and so is a class named in its
+    hyperparameters that ``trust`` does not admit (``checkpoint_trust``), before anything is built from it.
+    """
     try:
         bad = damaged_record(path)
         if bad is not None:
@@ -118,7 +138,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
                 f"{path} is corrupt: its record {bad} fails its checksum (bytes changed on disk); use another "
                 "checkpoint of the run, e.g. its checkpoints/last.ckpt or best-*.ckpt"
             )
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         # torch's message suggests weights_only=False, which would run the file's code: never for a file
         # of unknown origin, and this project's checkpoints never need it.
@@ -134,4 +154,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         ) from error
     if not isinstance(checkpoint, dict) or not {"state_dict", "hyper_parameters"} <= checkpoint.keys():
         raise CheckpointError(f"{path} is not a checkpoint written by main.py fit of this project; give one that is")
+    refusal = trust.refusal(checkpoint, path, how_to_trust)
+    if refusal is not None:
+        raise CheckpointError(refusal)
     return checkpoint

@@ -26,6 +26,7 @@ from ..foundation.errors import UsageError, UserError, exit_with, full_error_wan
 from ..foundation.files import NoSpaceError
 from ..foundation.process_lifetime import exit_when_launcher_dies
 from .checkpoint_io import read_checkpoint
+from .checkpoint_trust import ClassTrust
 from .console_log import CONSOLE
 from .ending import end_early
 from .error_report import write_error_log
@@ -113,6 +114,9 @@ class TrainerCLI(LightningCLI):
         config (``cli.datamodule``, ``cli.model``, ``cli.trainer``), e.g. in a notebook or a benchmark.
         """
         silence_known_noise()
+        # The classes a checkpoint may name (a checkpoint is data): the project's, the stated packages', and
+        # from _parse_ckpt_path on, every class the command's own config names.
+        self.class_trust = ClassTrust().for_project(model_class)
         CONSOLE.detach()  # a new command (a sweep's next trial) records into its own run
         runs = kwargs.get("run", True)
         kwargs.setdefault("save_config_callback", RunRecord if runs else None)
@@ -176,11 +180,13 @@ class TrainerCLI(LightningCLI):
         fill_expected_input(config)
         parser = self._parser(subcommand)
         data = data_fingerprint(subcommand, config.data)
-        identity = RunIdentity.of(resolved_config(parser, config), data)
+        own_config = resolved_config(parser, config)
+        identity = RunIdentity.of(own_config, data)
+        self.class_trust = self.class_trust.naming(own_config)
         experiment = experiment_dir(config.trainer)
         allow_fresh_start = subcommand == "fit" and config.allow_fresh_start
         checkpoint = resolve_checkpoint(subcommand, config.ckpt_path, experiment, identity, allow_fresh_start)
-        stored = read_checkpoint(checkpoint) if isinstance(checkpoint, Path) else {}
+        stored = read_checkpoint(checkpoint, self.class_trust) if isinstance(checkpoint, Path) else {}
         config.ckpt_path = str(checkpoint) if checkpoint is not None else None
         if subcommand != "fit":
             # Evaluation takes the model's settings from the checkpoint (Lightning's behaviour). A resumed
@@ -243,7 +249,7 @@ class TrainerCLI(LightningCLI):
         safety: Safety = self._get(self.config_init, "safety")
         run_dir = self.run.directory if self.run is not None else Path(trainer.get("default_root_dir") or ".")
         callbacks = [*as_list(trainer.get("callbacks")), *safety.callbacks(run_dir)]
-        plugins, self.checkpoint_writer = with_atomic_writes(trainer.get("plugins"))
+        plugins, self.checkpoint_writer = with_atomic_writes(trainer.get("plugins"), self.class_trust)
         built = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         monitor_what_the_labels_have(built, self.model)
         return built

@@ -51,6 +51,7 @@ ADDED_SINCE_1_0: dict[str, Any] = {
     "model.keep_correct": 0.95,
     "data.init_args.task": "auto",
     "data.init_args.sampler": "shuffle",
+    "data.init_args.allow_paths_outside": False,  # true is recorded: such a run read files outside its list's folder
 }
 # Keys left out when another key, set, replaces them (what is left is what the run computes with).
 REPLACED_BY: dict[str, str] = {

@@ -23,6 +23,7 @@ from ..data.interfaces import FoldedData, HeldOutImages
 from ..foundation import html_page
 from ..foundation.errors import UsageError
 from ..foundation.files import Partial
+from .checkpoint_io import read_checkpoint
 from .cli import TrainerCLI
 
 
@@ -64,7 +65,7 @@ def run_fold(
     if not isinstance(data, FoldedData):
         raise UsageError(f"{type(data).__name__} cannot hold out folds (data.folds, data.fold); use an ImageDataModule")
     last = where.run_dir / "checkpoints" / "last.ckpt"
-    model.load_state_dict(torch.load(last, map_location="cpu", weights_only=True)["state_dict"])
+    model.load_state_dict(read_checkpoint(last, cli.class_trust)["state_dict"])
     images = data.validation_images()
     root = getattr(data, "image_root", None)
     probabilities = predict(model, images.images, batch_size=256)

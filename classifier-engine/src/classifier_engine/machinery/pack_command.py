@@ -108,9 +108,12 @@ def run(options: Namespace) -> None:
     counts = ", ".join(f"{split} {count:,}" for split, count in record["counts"].items())
     share = f" (process {node} of {nodes})" if nodes > 1 else ""
     where = "object storage" if is_remote(output) else "a folder"
+    stored = sum(record["counts"].values())
+    skipped = data.found.count() - stored if node == nodes - 1 else 0  # the record of the last process counts all
+    left_out = f"; {skipped:,} unreadable files left out (skipped-*.txt beside each split)" if skipped > 0 else ""
     print(
-        f"Packed {data.found.count():,} images ({counts}) of {len(record['class_names'])} classes at "
-        f"{record['image_size']} px, {record['images_per_item']} per item, into {output} ({where}){share}"
+        f"Packed {stored:,} images ({counts}) of {len(record['class_names'])} classes at "
+        f"{record['image_size']} px, {record['images_per_item']} per item, into {output} ({where}){share}{left_out}"
     )
     if node == nodes - 1:
         print(

@@ -26,6 +26,7 @@ from .evaluation import (
     Predictor,
     agreement,
     all_logits,
+    float32_error,
     judge,
     measure_parity,
     onnx_predictor,
@@ -69,10 +70,11 @@ class ExportOptions:
     eval_limit: int | None = None
     eval_batch_size: int = 256
     opset: int | None = None
-    tolerance: float = 1e-4
+    tolerance: float | None = None
     register: str | None = None
     alias: str | None = None
     tracking_uri: str | None = None
+    trust: tuple[str, ...] = ()
 
     def folder(self) -> Path:
         """Where the files go: ``--output_dir``, or an ``export/`` folder beside the checkpoint."""
@@ -135,8 +137,20 @@ def find_data(
         return None, f"no data: {error}"
 
 
-def check_parity(built: Built, reference: Predictor, tolerance: float, image_size: int) -> None:
-    built.parity = measure_parity(reference, built.predictor, tolerance=tolerance, image_size=image_size)
+# By default, an fp32 file may differ from PyTorch by 1e-4 of the largest logit, or by ten times the network's own
+# float32 rounding error where that is more (--tolerance: exactly that share of the largest logit).
+DEFAULT_TOLERANCE, ROUNDING_MARGIN = 1e-4, 10.0
+
+
+def parity_floor(options: ExportOptions, model: ExportableClassifier) -> float:
+    if options.tolerance is not None:
+        return 0.0
+    return ROUNDING_MARGIN * float32_error(model, model.hparams.image_size)
+
+
+def check_parity(built: Built, reference: Predictor, options: ExportOptions, image_size: int, floor: float) -> None:
+    tolerance = options.tolerance if options.tolerance is not None else DEFAULT_TOLERANCE
+    built.parity = measure_parity(reference, built.predictor, tolerance=tolerance, image_size=image_size, floor=floor)
     if not built.parity.ok:
         raise ExportCheckError(
             f"{FILE_NAMES[built.name]} does not reproduce PyTorch: {built.parity.describe()}; nothing was written "
@@ -147,13 +161,14 @@ def check_parity(built: Built, reference: Predictor, tolerance: float, image_siz
 def build(options: ExportOptions, model: ExportableClassifier, data: RunData | None, staged: StagedFiles, work: Path):
     """Each artifact, staged and checked, in the order it depends on (int8 is made from the fp32 ONNX)."""
     eager = torch_predictor(model)
+    floor = parity_floor(options, model) if {"onnx", "pt2"} & set(options.formats) else 0.0
     built: dict[str, Built] = {}
     calibration = None
     if "onnx" in options.formats or "int8" in options.formats:
         fp32 = staged.path(FILE_NAMES["onnx"]) if "onnx" in options.formats else work / FILE_NAMES["onnx"]
         export_onnx(model, fp32, opset=options.opset)
         built["onnx"] = Built("onnx", fp32, onnx_predictor(fp32))
-        check_parity(built["onnx"], eager, options.tolerance, model.hparams.image_size)
+        check_parity(built["onnx"], eager, options, model.hparams.image_size, floor)
     if "int8" in options.formats:
         assert data is not None  # find_data refuses int8 without data
         images = data.calibration_images(options.calibration_images)
@@ -165,7 +180,7 @@ def build(options: ExportOptions, model: ExportableClassifier, data: RunData | N
         program = staged.path(FILE_NAMES["pt2"])
         export_program(model, program)
         built["pt2"] = Built("pt2", program, torch_predictor(load_program(program)))
-        check_parity(built["pt2"], eager, options.tolerance, model.hparams.image_size)
+        check_parity(built["pt2"], eager, options, model.hparams.image_size, floor)
     return built, calibration
 
 
@@ -260,7 +275,7 @@ def example_images(data: RunData | None, image_size: int, count: int = 3) -> np.
 def export_artifacts(options: ExportOptions, model_class: type) -> Exported:
     """Export the project's ``model_class`` from the checkpoint (nothing is written if anything fails)."""
     check_options(options)
-    model, checkpoint = load_model(options.ckpt_path, model_class)
+    model, checkpoint = load_model(options.ckpt_path, model_class, options.trust)
     data, skipped = find_data(options, model, checkpoint)
     with StagedFiles(options.folder()) as staged, tempfile.TemporaryDirectory(prefix="export-") as work:
         built, calibration = build(options, model, data, staged, Path(work))

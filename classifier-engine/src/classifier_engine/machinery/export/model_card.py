@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 from ...data.preprocessing import Preprocessing
 from ...models.calibration import CHECKPOINT_KEY
@@ -12,6 +15,37 @@ from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, ExportableClassifier
 from .evaluation import describe_parity
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
+# An absolute path in a string: POSIX (/a/b...) or Windows (C:\\a\\b...), at least one folder deep.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"(),;|]+/)+[^\s/'\"(),;|]*|\b[A-Za-z]:\\(?:[^\s\\'\"]+\\)*[^\s\\'\"]*")
+
+
+def machine_free(value: Any) -> Any:
+    """``value`` with every absolute path replaced by its last part: a card is shipped, the machine's folders are not.
+
+    (A file the card must pin is given by its digest as well: the checkpoint's SHA-256.)
+    """
+    if isinstance(value, dict):
+        return {key: machine_free(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [machine_free(item) for item in value]
+    if isinstance(value, str):
+        return ABSOLUTE_PATH.sub(lambda found: Path(found.group(0).rstrip("/\\").replace("\\", "/")).name, value)
+    return value
+
+
+def run_relative(ckpt_path: Path) -> str:
+    """The checkpoint as its run names it (``checkpoints/last.ckpt``), or its file name when it lies in no run."""
+    if ckpt_path.parent.name == "checkpoints":
+        return f"checkpoints/{ckpt_path.name}"
+    return ckpt_path.name
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def shipped_weights(checkpoint: dict) -> str:
@@ -55,7 +89,7 @@ def build_card(
     run_tta = None if tta.__name__ == ONE_VIEW else tta.__name__  # the files compute one view: say so
     calibration = calibration_record(checkpoint)
     task = calibration["task"] if calibration else "multiclass"
-    return {
+    return machine_free({
         "task": task,
         "network": backbone_settings(model, checkpoint),
         "input": {
@@ -79,7 +113,8 @@ def build_card(
         "class_names": list(model.class_names),
         "cost": cost.as_dict(),
         "source": {
-            "checkpoint": str(ckpt_path),
+            "checkpoint": run_relative(ckpt_path),
+            "checkpoint_sha256": sha256(ckpt_path),
             "epoch": checkpoint.get("epoch"),
             "global_step": checkpoint.get("global_step"),
             "config_hash": checkpoint.get("config_hash"),
@@ -89,7 +124,7 @@ def build_card(
         "eager": eager,
         "artifacts": artifacts,
         "int8": int8,
-    }
+    })
 
 
 def calibration_record(checkpoint: dict) -> dict | None:

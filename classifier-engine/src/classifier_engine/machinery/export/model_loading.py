@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from ...foundation.errors import parse_error_line
 from ..checkpoint_io import CheckpointError, read_checkpoint
+from ..checkpoint_trust import ClassTrust
 from .contract import ExportableClassifier
 from .errors import ExportError
 
 
-def load_model(ckpt_path: Path, model_class: type) -> tuple[ExportableClassifier, dict]:
-    """The project's ``model_class`` rebuilt from the checkpoint's hyperparameters, in eval mode, and the checkpoint."""
+def load_model(
+    ckpt_path: Path, model_class: type, trusted: Iterable[str] = ()
+) -> tuple[ExportableClassifier, dict]:
+    """The project's ``model_class`` rebuilt from the checkpoint's hyperparameters, in eval mode, and the checkpoint.
+
+    Nothing is built before the file is read and checked: a class it names must be the project's, of a stated
+    package (``checkpoint_trust``), or one of ``trusted`` (``--trust``).
+    """
     if not ckpt_path.is_file():
         problem = "is a folder" if ckpt_path.is_dir() else "does not exist"
         raise ExportError(f"checkpoint {ckpt_path} {problem}; pass the path of a .ckpt file with --ckpt_path")
     try:
-        checkpoint = read_checkpoint(ckpt_path)
+        trust = ClassTrust().for_project(model_class).naming(classes=trusted, named_by="--trust")
+        checkpoint = read_checkpoint(ckpt_path, trust, "pass --trust with the class if you trust it")
     except CheckpointError as error:
         raise ExportError(str(error)) from error
     try:

@@ -25,9 +25,32 @@ def export_onnx(model: ExportableClassifier, output: Path, opset: int | None = N
             output_names=[OUTPUT_NAME],
             dynamic_shapes=dynamic_batch(),
         )
+        strip_source_locations(output)
         check(output)
     except Exception as error:
         raise ExportError(f"ONNX export failed ({type(error).__name__}: {error})") from error
+
+
+# Node metadata the exporter writes that names this machine's files (absolute paths of the source and the venv).
+MACHINE_METADATA = ("pkg.torch.onnx.stack_trace",)
+
+
+def strip_source_locations(path: Path) -> None:
+    """Drop the exporter's stack traces from every node: a shipped file names nothing of the machine it was made on.
+
+    (The other metadata, the module and class names a node came from, is kept: it helps read the graph.)
+    """
+    import onnx
+
+    model = onnx.load(str(path))
+    graphs = [model.graph, *(attribute.g for node in model.graph.node for attribute in node.attribute
+                             if attribute.type == onnx.AttributeProto.GRAPH)]  # fmt: skip
+    nodes = [node for graph in graphs for node in graph.node] + [n for f in model.functions for n in f.node]
+    for node in nodes:
+        kept = [prop for prop in node.metadata_props if prop.key not in MACHINE_METADATA]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
+    onnx.save(model, str(path))
 
 
 def check(path: Path) -> None:

@@ -22,9 +22,21 @@ def export_program(model: ExportableClassifier, output: Path) -> None:
         program = torch.export.export(
             model, (sample_images(2, size=model.hparams.image_size),), dynamic_shapes=dynamic_batch()
         )
-        torch.export.save(program, str(output))
+        strip_source_locations(program)
+        # Saved through a file object, the archive's root folder is torch's fixed "archive", not the file's
+        # (staged, temporary) name.
+        with open(output, "wb") as file:
+            torch.export.save(program, file)
     except Exception as error:
         raise ExportError(f"torch.export failed ({type(error).__name__}: {error})") from error
+
+
+def strip_source_locations(program: torch.export.ExportedProgram) -> None:
+    """Drop each node's stack trace (absolute paths of the source and the venv): the file names nothing of the machine."""
+    for module in program.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                node.meta.pop("stack_trace", None)
 
 
 def load_program(path: Path) -> torch.nn.Module:
