@@ -32,6 +32,7 @@ COMMON_FILES = {
     ".gitignore",
     ".pre-commit-config.yaml",
     "CONTRIBUTING.md",
+    "SECURITY.md",
     "constraints.txt",
     "constraints-cpu.txt",
     "README.md",

@@ -1,8 +1,9 @@
 """A run written by an earlier release of classifier-engine resumes, extends and exports under this one.
 
 Semantic versioning's promise for a minor release, checked on real run folders (config, hash and
-``last.ckpt`` of a one-epoch fit of the CIFAR render) written by classifier-engine 1.0.0 and 1.1.0: the same
-command finds the same run, a longer ``max_epochs`` continues it from its step, and ``export.py`` ships it.
+``last.ckpt`` of a one-epoch fit of the CIFAR render) written by classifier-engine 1.0.0, 1.1.0 and 1.2.0:
+the same command finds the same run, a longer ``max_epochs`` continues it from its step, and ``export.py``
+ships it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from classifier_engine.data.preprocessing import CHECKPOINT_KEY, Preprocessing
 from .conftest import NUM_TEST, PROJECT_ROOT, cli_env, fit_args, run_cli, write_tiny_archive
 
 FIXTURES = Path(__file__).parent / "fixtures"
-PREVIOUS_RELEASES = {release: FIXTURES / f"run-written-by-{release}.tar.gz" for release in ("1.0.0", "1.1.0")}
+RELEASES = ("1.0.0", "1.1.0", "1.2.0")
+PREVIOUS_RELEASES = {release: FIXTURES / f"run-written-by-{release}.tar.gz" for release in RELEASES}
 
 
 def test_a_run_of_the_previous_release_resumes_extends_and_exports(tmp_path):

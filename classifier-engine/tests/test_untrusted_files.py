@@ -1,4 +1,4 @@
-"""Files from elsewhere are data: a shared checkpoint never runs code, whatever command is given it.
+"""Files from elsewhere are data: a shared checkpoint never runs code, and an image list reaches only its folder.
 
 Two checkpoints a stranger could share, each built from a real run's ``last.ckpt``:
 
@@ -21,6 +21,8 @@ import pytest
 import torch
 from cifar_classifier.models import ImageClassifier
 
+from classifier_engine.data.errors import DataSettingError
+from classifier_engine.data.image_sources import find_images
 from classifier_engine.machinery.checkpoint_io import CheckpointError, read_checkpoint
 from classifier_engine.machinery.checkpoint_trust import ClassTrust, named_classes
 
@@ -181,3 +183,44 @@ def test_a_datamodule_class_path_is_checked_before_it_is_imported(trained, tmp_p
     with pytest.raises(CheckpointError, match=r"names antigravity\.Thing at datamodule_hyper_parameters\._class_path"):
         read_checkpoint(tmp_path / "shared.ckpt", ClassTrust().for_project(ImageClassifier))
     assert "antigravity" not in sys.modules
+
+
+def list_reaching_outside(root: Path, how: str) -> Path:
+    """``root/photos/list.csv`` over photos in it, with one row naming a photo outside its folder, as ``how`` says."""
+    photos = write_image_folder(root / "photos", ("cat", "dog"), per_class=8)
+    secret = write_image_folder(root / "secret", ("cat",), per_class=1) / "cat"
+    private = next(secret.iterdir())
+    outside = {
+        "dotdot": f"../secret/cat/{private.name}",
+        "absolute": str(private),
+        "symlink": "cat/linked" + private.suffix,
+    }[how]
+    if how == "symlink":
+        (photos / "cat" / f"linked{private.suffix}").symlink_to(private)
+    rows = [f"{path.relative_to(photos).as_posix()},{path.parent.name}" for path in sorted(photos.rglob("*.*"))
+            if not path.is_symlink()]  # fmt: skip
+    csv_path = photos / "list.csv"
+    csv_path.write_text("path,label\n" + "\n".join([*rows[:3], f"{outside},cat", *rows[3:]]) + "\n")
+    return csv_path
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
+def test_an_image_list_cannot_reach_outside_its_folder(tmp_path, how):
+    csv_path = list_reaching_outside(tmp_path, how)
+    with pytest.raises(DataSettingError, match=r"row 4 names .*, which lies outside photos/, the list's folder") as no:
+        find_images(csv_path)
+    assert "data.allow_paths_outside true" in str(no.value) and "\n" not in str(no.value)
+    admitted = find_images(csv_path, allow_outside=True)
+    assert len(admitted.splits["train"]) == 17
+
+
+def test_a_list_outside_its_folder_is_refused_by_fit_and_admitted_when_allowed(tmp_path):
+    csv_path = list_reaching_outside(tmp_path, "dotdot")
+    before = tree(tmp_path)
+    refused = run_cli(*images_args(csv_path, "--trainer.max_epochs=1"), cwd=tmp_path, check=False)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith(f"error: data.image_dir={csv_path} row 4 names ../secret/cat/")
+    assert tree(tmp_path) == before  # nothing packed, no run
+    run_cli(*images_args(csv_path, "--trainer.max_epochs=1", "--data.allow_paths_outside=true"), cwd=tmp_path)
+    config = (only_run_dir(tmp_path) / "config.yaml").read_text()
+    assert "allow_paths_outside: true" in config  # the run's identity records it
