@@ -166,7 +166,8 @@ def test_a_folder_datamodule_subclass_exports_from_its_packed_copy_without_data_
     photos.rename(tmp_path / "elsewhere")
     (tmp_path / "other").mkdir()
     result = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100",
-                    "--trust", "my_photos.TaggedPhotos", "--register", "own-photos", "--tracking_uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                    "--trust", "my_photos.TaggedPhotos", "--register", "own-photos",
+                    "--tracking_uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
                     cwd=tmp_path / "other", env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "registered own-photos version 1" in result.stdout

@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from .conftest import PHOTO_ROOT, PROJECT_ROOT, cli_env, free_port, only_run_dir, run_cli
+from .conftest import PHOTO_ROOT, PROJECT_ROOT, cli_env, free_port, only_run_dir, run_cli, write_image_folder
 from .test_exact_resume import EXIT_STATUS, assert_same_run, kill_and_resume
 from .test_faults import one_error_line, private_mounts
 
@@ -367,3 +367,41 @@ def test_packing_into_a_missing_bucket_is_one_line(store):
     result = pack(root, env, "--output=s3://no-such-bucket/x")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: ") and "does not exist" in result.stderr
+
+
+def test_a_pack_counts_what_it_stored_and_a_bad_image_under_error_leaves_nothing(tmp_path):
+    photos = write_image_folder(tmp_path / "photos", ("cat", "dog"), per_class=14)
+    for name in ("cat/broken.jpg", "dog/empty.png"):
+        (photos / name).write_bytes(b"not an image" if name.endswith("jpg") else b"")
+    command = [sys.executable, str(PHOTO_ROOT / "pack.py"), f"--data.image_dir={photos}", "--data.image_size=32",
+               "--data.val_fraction=0.25", "--workers=1"]  # fmt: skip
+    packed = subprocess.run([*command, "--output=store"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env=cli_env())  # fmt: skip
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    from litdata import StreamingDataset
+
+    record = json.loads((tmp_path / "store" / "dataset.json").read_text())
+    stored = {split: sum(len(item["labels"]) for item in StreamingDataset(str(tmp_path / "store" / split)))
+              for split in record["counts"]}  # fmt: skip
+    assert record["counts"] == stored and sum(stored.values()) == 28  # 30 listed, 2 unreadable
+    assert f"Packed 28 images (train {stored['train']}, val {stored['val']})" in packed.stdout
+    assert "2 unreadable files left out" in packed.stdout and record["source"] == "photos"
+    skipped = {line for path in (tmp_path / "store").glob("*/skipped-0.txt") for line in path.read_text().split()}
+    assert skipped == {"cat/broken.jpg", "dog/empty.png"}
+
+    # About 21 training images, 32 per item (the default at 32 px): no batch of whole items; the line says what works.
+    fit = ["fit", "--config", str(PHOTO_ROOT / "configs" / "images.yaml"),
+           "--config", str(PHOTO_ROOT / "configs" / "presets" / "streaming.yaml"), "--data.source=store",
+           "--data.image_size=32", *(arg for arg in TINY if not arg.startswith("--data.batch_size"))]  # fmt: skip
+    refused = run_cli(*fit, cwd=tmp_path, check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    last_line = refused.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: store holds ") and "fewer than one item of 32" in last_line
+    assert last_line.endswith("pack it again with pack.py --images_per_item 8 (or fewer) into another --output")
+
+    strict = subprocess.run([*command, "--output=strict", "--data.on_bad_image=error"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env=cli_env())  # fmt: skip
+    assert strict.returncode == 1 and "Traceback" not in strict.stderr + strict.stdout
+    (line,) = strict.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "is not a readable image" in line and "on_bad_image skip" in line
+    assert not (tmp_path / "strict").exists()

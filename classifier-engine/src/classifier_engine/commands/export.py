@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
         metavar="CLASS",
         action="append",
         type=str,
-        help="a class the checkpoint may name beyond the project's and the stated packages' (repeatable; see SECURITY.md)",
+        help="a class the checkpoint may name beyond the project's and the stated packages' (repeatable; SECURITY.md)",
     )
     add("--register", metavar="NAME", help="register the ONNX files in MLflow as NAME (fp32) and NAME-int8")
     add("--alias", help="point this alias of the registered models at the new versions, e.g. candidate")

@@ -311,6 +311,7 @@ class ImageDataModule(L.LightningDataModule):
         batch = self.batch_size
         if batch is None:  # the rule's batch is per optimizer step, so the steps an epoch do not depend on the devices
             batch = max(1, self.chosen.get("batch_size", batch_for(0)) // (devices * accumulated))
+            batch = max(self.batch_multiple, batch // self.batch_multiple * self.batch_multiple)
         self.batches = BatchSizes.derive(
             batch, self.global_batch_size, self.eval_batch_size, devices=devices, accumulated=accumulated
         )

@@ -43,7 +43,9 @@ from .packing import (
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BadImagePolicy = Literal["skip", "error"]
-_found: dict[tuple[str, str, bool], LabelledImages] = {}  # one walk of a folder per process (the CLI's fingerprint, then the module)
+_found: dict[
+    tuple[str, str, bool], LabelledImages
+] = {}  # one walk of a folder per process (the CLI's fingerprint, then the module)
 
 
 Task = Literal["auto", "multiclass", "multilabel"]

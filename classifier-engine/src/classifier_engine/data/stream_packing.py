@@ -282,7 +282,9 @@ def pack_to_store(
             if failure is not None:
                 error = _refuse_bad_image(found.root, *failure)
                 if nodes > 1:  # the last process must not wait for this one's list
-                    write_text(join(output, split), f"skipped-{node_rank}.txt", f"{FAILED_SUFFIX} {error}", storage_options)
+                    write_text(
+                        join(output, split), f"skipped-{node_rank}.txt", f"{FAILED_SUFFIX} {error}", storage_options
+                    )
                 else:
                     remove_written(output, existed, storage_options)
                 raise error

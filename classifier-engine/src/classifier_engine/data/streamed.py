@@ -31,8 +31,8 @@ from typing_extensions import override
 from ..foundation.files import NoSpaceError, Partial, free_bytes, megabytes
 from ..foundation.process_lifetime import worker_context
 from . import stream_position
-from .datamodule import ImageDataModule
 from .batches import BatchSizes
+from .datamodule import ImageDataModule
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
 from .folder import IMAGENET_MEAN, IMAGENET_STD

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-
 # Packages whose classes a checkpoint may name: the library, torch's optimizers and layers, timm's networks and
 # losses, and Lightning's callbacks. (The project's own package is added by each command: ``for_project``.)
 TRUSTED_PACKAGES = (

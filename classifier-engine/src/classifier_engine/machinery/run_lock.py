@@ -9,6 +9,7 @@ the holder ends.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -48,9 +49,8 @@ class RunLock:
     def release(self) -> None:
         if self._lock is None:
             return
-        try:
-            self.path.unlink(missing_ok=True)  # while still held, so no one locks a file about to vanish
-        except OSError:  # (Windows does not remove a file that is open)
-            pass
+        # While still held, so no one locks a file about to vanish (Windows does not remove a file that is open).
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
         self._lock.release()
         self._lock = None

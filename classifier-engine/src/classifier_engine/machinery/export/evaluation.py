@@ -8,7 +8,6 @@ same batches, so the differences in the model card are the artifacts' and nothin
 from __future__ import annotations
 
 import copy
-
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path

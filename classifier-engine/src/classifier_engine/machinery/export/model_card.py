@@ -16,7 +16,9 @@ from .evaluation import describe_parity
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
 # An absolute path in a string: POSIX (/a/b...) or Windows (C:\\a\\b...), at least one folder deep.
-ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"(),;|]+/)+[^\s/'\"(),;|]*|\b[A-Za-z]:\\(?:[^\s\\'\"]+\\)*[^\s\\'\"]*")
+ABSOLUTE_PATH = re.compile(
+    r"(?<![\w.:/])/(?:[^\s/'\"(),;|]+/)+[^\s/'\"(),;|]*|\b[A-Za-z]:\\(?:[^\s\\'\"]+\\)*[^\s\\'\"]*"
+)
 
 
 def machine_free(value: Any) -> Any:
@@ -89,42 +91,44 @@ def build_card(
     run_tta = None if tta.__name__ == ONE_VIEW else tta.__name__  # the files compute one view: say so
     calibration = calibration_record(checkpoint)
     task = calibration["task"] if calibration else "multiclass"
-    return machine_free({
-        "task": task,
-        "network": backbone_settings(model, checkpoint),
-        "input": {
-            "name": INPUT_NAME,
-            "dtype": "uint8",
-            "shape": ["batch", 3, record.image_size, record.image_size],
-            "layout": "NCHW, RGB channels, pixel values 0-255",
-            "resize": record.resize_rule(),
-            "normalization": "inside the graph: (pixels / 255 - mean) / std",
-            "mean": list(record.mean),
-            "std": list(record.std),
-            "preprocessing": record.as_dict(),
-        },
-        "output": {
-            "name": OUTPUT_NAME,
-            "dtype": "float32",
-            "shape": ["batch", hparams.num_classes],
-            "meaning": output_meaning(task, calibration),
-        },
-        "calibration": calibration,
-        "class_names": list(model.class_names),
-        "cost": cost.as_dict(),
-        "source": {
-            "checkpoint": run_relative(ckpt_path),
-            "checkpoint_sha256": sha256(ckpt_path),
-            "epoch": checkpoint.get("epoch"),
-            "global_step": checkpoint.get("global_step"),
-            "config_hash": checkpoint.get("config_hash"),
-            "weights": shipped_weights(checkpoint),
-        },
-        "evaluation": {**evaluation, "test_time_augmentation_of_the_run": run_tta},
-        "eager": eager,
-        "artifacts": artifacts,
-        "int8": int8,
-    })
+    return machine_free(
+        {
+            "task": task,
+            "network": backbone_settings(model, checkpoint),
+            "input": {
+                "name": INPUT_NAME,
+                "dtype": "uint8",
+                "shape": ["batch", 3, record.image_size, record.image_size],
+                "layout": "NCHW, RGB channels, pixel values 0-255",
+                "resize": record.resize_rule(),
+                "normalization": "inside the graph: (pixels / 255 - mean) / std",
+                "mean": list(record.mean),
+                "std": list(record.std),
+                "preprocessing": record.as_dict(),
+            },
+            "output": {
+                "name": OUTPUT_NAME,
+                "dtype": "float32",
+                "shape": ["batch", hparams.num_classes],
+                "meaning": output_meaning(task, calibration),
+            },
+            "calibration": calibration,
+            "class_names": list(model.class_names),
+            "cost": cost.as_dict(),
+            "source": {
+                "checkpoint": run_relative(ckpt_path),
+                "checkpoint_sha256": sha256(ckpt_path),
+                "epoch": checkpoint.get("epoch"),
+                "global_step": checkpoint.get("global_step"),
+                "config_hash": checkpoint.get("config_hash"),
+                "weights": shipped_weights(checkpoint),
+            },
+            "evaluation": {**evaluation, "test_time_augmentation_of_the_run": run_tta},
+            "eager": eager,
+            "artifacts": artifacts,
+            "int8": int8,
+        }
+    )
 
 
 def calibration_record(checkpoint: dict) -> dict | None:

@@ -12,9 +12,7 @@ from .contract import ExportableClassifier
 from .errors import ExportError
 
 
-def load_model(
-    ckpt_path: Path, model_class: type, trusted: Iterable[str] = ()
-) -> tuple[ExportableClassifier, dict]:
+def load_model(ckpt_path: Path, model_class: type, trusted: Iterable[str] = ()) -> tuple[ExportableClassifier, dict]:
     """The project's ``model_class`` rebuilt from the checkpoint's hyperparameters, in eval mode, and the checkpoint.
 
     Nothing is built before the file is read and checked: a class it names must be the project's, of a stated

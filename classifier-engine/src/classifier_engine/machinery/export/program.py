@@ -32,7 +32,7 @@ def export_program(model: ExportableClassifier, output: Path) -> None:
 
 
 def strip_source_locations(program: torch.export.ExportedProgram) -> None:
-    """Drop each node's stack trace (absolute paths of the source and the venv): the file names nothing of the machine."""
+    """Drop each node's stack trace (absolute paths of the source and the venv): it names nothing of the machine."""
     for module in program.graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
             for node in module.graph.nodes:
