@@ -4,6 +4,8 @@ import io
 import json
 import os
 import pickle
+import subprocess
+import sys
 import tarfile
 import threading
 import urllib.error
@@ -17,7 +19,7 @@ from classifier_engine.data.archive import cache_dir, prepare
 from classifier_engine.data.cifar_format import CIFAR10
 from classifier_engine.data.errors import DataError
 
-from .conftest import DATASET, make_images, write_tiny_archive
+from .conftest import DATASET, cli_env, make_images, write_tiny_archive
 
 
 def test_conversion_matches_the_archive(tmp_path, fmt):
@@ -171,3 +173,10 @@ def test_a_missing_folder_is_not_created_when_nothing_may_be_downloaded(tmp_path
     with pytest.raises(DataError, match=r"data\.download is false"):
         prepare(tmp_path / "typo" / "data", CIFAR10, download=False, verify_checksum=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_library_imports_without_posix_only_modules():
+    """Windows has no fcntl: the run and copy locks use filelock, so the data path and the CLI import there too."""
+    blocked = "import sys; sys.modules['fcntl'] = None; import classifier_engine.data, classifier_engine.machinery.cli"
+    result = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=300, env=cli_env())
+    assert result.returncode == 0, result.stderr[-2000:]

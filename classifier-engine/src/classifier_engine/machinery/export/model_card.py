@@ -42,6 +42,11 @@ def run_relative(ckpt_path: Path) -> str:
     return ckpt_path.name
 
 
+def checkpoint_digest(source: dict) -> str:
+    """The checkpoint's SHA-256 for the card's text (cards of 1.2 and before have none)."""
+    return f", SHA-256 {source['checkpoint_sha256']}" if source.get("checkpoint_sha256") else ""
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:
@@ -287,8 +292,8 @@ def markdown(card: dict) -> str:
             f"- Classes ({len(card['class_names'])}): {names}",
             f"- Parameters: {cost['params']:,}; MACs per image: {cost['macs_per_image']:,}; "
             f"FLOPs per image: {cost['flops_per_image']:,}",
-            f"- From: {source['checkpoint']} (epoch {source['epoch']}, step {source['global_step']}, "
-            f"config hash {source['config_hash']})",
+            f"- From: {source['checkpoint']} of its run (epoch {source['epoch']}, step {source['global_step']}, "
+            f"config hash {source['config_hash']}{checkpoint_digest(source)})",
             f"- Weights: {source.get('weights', 'the training weights at that step')}",
             *calibration_lines(card.get("calibration")),
             evaluation_line(card["evaluation"]),
