@@ -176,7 +176,11 @@ def test_a_missing_folder_is_not_created_when_nothing_may_be_downloaded(tmp_path
 
 
 def test_the_library_imports_without_posix_only_modules():
-    """Windows has no fcntl: the run and copy locks use filelock, so the data path and the CLI import there too."""
-    blocked = "import sys; sys.modules['fcntl'] = None; import classifier_engine.data, classifier_engine.machinery.cli"
-    result = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=300, env=cli_env())
+    """Windows has no fcntl: the locks take msvcrt there, so the data path and the CLI import there too."""
+    windows = (
+        "import sys, types; sys.modules['fcntl'] = None; sys.modules['msvcrt'] = types.ModuleType('msvcrt'); "
+        "from classifier_engine.foundation import file_lock; assert file_lock.fcntl is None; "
+        "del sys.modules['msvcrt']; import classifier_engine.data, classifier_engine.machinery.cli"
+    )
+    result = subprocess.run([sys.executable, "-c", windows], capture_output=True, text=True, timeout=300, env=cli_env())
     assert result.returncode == 0, result.stderr[-2000:]

@@ -121,7 +121,7 @@ def test_the_docs_datamodule_gets_test_predict_export_int8_and_the_registry(tmp_
     # A checkpoint is data: the DataModule of a module outside the project's package is trusted by name.
     trust = ["--trust", "my_data.ArrayDataModule"]
     refused = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), cwd=tmp_path, env=env)
-    assert refused.returncode == 1 and "names my_data.ArrayDataModule at datamodule_hyper_parameters" in refused.stderr
+    assert refused.returncode == 2 and "names my_data.ArrayDataModule at datamodule_hyper_parameters" in refused.stderr
     assert not (run / "checkpoints" / "export").exists()
     result = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100", *trust,
                     "--register", "own-arrays", cwd=tmp_path, env=env)  # fmt: skip
@@ -158,7 +158,9 @@ def test_a_folder_datamodule_subclass_exports_from_its_packed_copy_without_data_
     (tmp_path / "my_photos.py").write_text(FOLDER_SUBCLASS)
     photos = write_image_folder(tmp_path / "photos", per_class=16)
     env = env_with(tmp_path)
-    fit = [*images_args(photos, "--data=my_photos.TaggedPhotos", "--data.tag=ours", "--data.test_fraction=0.25"), *TINY]
+    own_network = [arg.replace("cifar_classifier.", "photo_classifier.") for arg in TINY]  # the render's own
+    fit = [*images_args(photos, "--data=my_photos.TaggedPhotos", "--data.tag=ours", "--data.test_fraction=0.25"),
+           *own_network]  # fmt: skip
     run = fit_test_predict(fit, tmp_path, env)
 
     # The export reads the packed copy and the held-out rows the checkpoint names: the photos may be gone,

@@ -157,16 +157,21 @@ def _refuse_bad_image(root: Path, key: str, reason: str) -> DataError:
     )
 
 
+def skipped_list(split: str, rank: int) -> str:
+    """The file (beside ``dataset.json``, outside the split's litdata folder) listing what process ``rank`` left out."""
+    return f"skipped-{split}-{rank}.txt"
+
+
 def _skipped_everywhere(
     output: str, split: str, mine: list[str], nodes: int, node_rank: int, options: dict[str, Any]
 ) -> list[str]:
-    """Every node's skipped keys of ``split``: each node puts its own beside the split; the last one reads them all."""
-    write_text(join(output, split), f"skipped-{node_rank}.txt", "".join(f"{key}\n" for key in mine), options)
+    """Every node's skipped keys of ``split``: each node writes its own list; the last one reads them all."""
+    write_text(output, skipped_list(split, node_rank), "".join(f"{key}\n" for key in mine), options)
     if node_rank != nodes - 1:
         return mine
     everything = list(mine)
     for rank in range(nodes - 1):
-        while (text := read_text(join(output, split), f"skipped-{rank}.txt", options)) is None:
+        while (text := read_text(output, skipped_list(split, rank), options)) is None:
             time.sleep(NODE_WAIT_SECONDS)
         if text.startswith(FAILED_SUFFIX):  # that node stopped at a bad image (on_bad_image error)
             raise DataError(f"process {rank} of the packing stopped: {text.split(' ', 1)[1].strip()}")
@@ -176,12 +181,16 @@ def _skipped_everywhere(
 
 def remove_written(output: str, existed: bool, options: dict[str, Any]) -> None:
     """Remove what a refused packing wrote: a folder ``output`` itself if it was not there before, else its splits."""
+    written = [*SPLITS, *(skipped_list(split, 0) for split in SPLITS)]  # (one process: a refusal of several leaves it)
     if is_remote(output):
-        for split in SPLITS:
-            remove_prefix(join(output, split), options)
+        for name in written:
+            remove_prefix(join(output, name), options)
         return
-    for target in [Path(output)] if not existed else [Path(output, split) for split in SPLITS]:
-        shutil.rmtree(target, ignore_errors=True)
+    for target in [Path(output)] if not existed else [Path(output, name) for name in written]:
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
 
 
 def _optimize_split(
@@ -282,9 +291,7 @@ def pack_to_store(
             if failure is not None:
                 error = _refuse_bad_image(found.root, *failure)
                 if nodes > 1:  # the last process must not wait for this one's list
-                    write_text(
-                        join(output, split), f"skipped-{node_rank}.txt", f"{FAILED_SUFFIX} {error}", storage_options
-                    )
+                    write_text(output, skipped_list(split, node_rank), f"{FAILED_SUFFIX} {error}", storage_options)
                 else:
                     remove_written(output, existed, storage_options)
                 raise error

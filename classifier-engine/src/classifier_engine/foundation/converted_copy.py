@@ -3,7 +3,7 @@
 Every such copy keeps one protocol, so that a kill, a full disk, a second process or a stray write
 never hands a run half a copy:
 
-- one maker at a time: a lock (``filelock``) on a hidden ``.<name>.lock`` beside the copy (two jobs, or several
+- one maker at a time: a lock (``file_lock``) on a hidden ``.<name>.lock`` beside the copy (two jobs, or several
   nodes on a shared disk); holding it also makes any temporary left beside the copy a stale one;
 - reuse: a copy whose marker (``meta.json``) is there and whose every file still has the size and
   CRC-32 the marker recorded is read as it is; one whose files changed is made anew;
@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
+from . import file_lock
 from .files import Partial, damage, file_record, remove_stale_partials
 
 MARKER = "meta.json"
@@ -72,7 +71,8 @@ class ConvertedCopy:
         """
         parent = self.folder.parent
         parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(parent / f".{self.lock_name or self.folder.name}.lock"):
+        with open(parent / f".{self.lock_name or self.folder.name}.lock", "w") as lock:
+            file_lock.lock(lock.fileno())
             for name in (self.folder.name, *also_stale):
                 remove_stale_partials(parent, f"*.{name}")
             yield

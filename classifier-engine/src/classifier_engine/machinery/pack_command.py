@@ -110,7 +110,8 @@ def run(options: Namespace) -> None:
     where = "object storage" if is_remote(output) else "a folder"
     stored = sum(record["counts"].values())
     skipped = data.found.count() - stored if node == nodes - 1 else 0  # the record of the last process counts all
-    left_out = f"; {skipped:,} unreadable files left out (skipped-*.txt beside each split)" if skipped > 0 else ""
+    listed = "listed in skipped-<split>-<process>.txt beside dataset.json"
+    left_out = f"; {skipped:,} unreadable files left out ({listed})" if skipped > 0 else ""
     print(
         f"Packed {stored:,} images ({counts}) of {len(record['class_names'])} classes at "
         f"{record['image_size']} px, {record['images_per_item']} per item, into {output} ({where}){share}{left_out}"

@@ -1,10 +1,10 @@
-"""One process trains a run: ``<run>/run.lock`` is held (``filelock``) by it and names it.
+"""One process trains a run: ``<run>/run.lock`` is held (``foundation/file_lock.py``) by it and names it.
 
-The lock is an advisory lock on the file (``flock`` on POSIX, ``msvcrt`` on Windows), which the
-system releases when the holder dies, however it dies: a lock file left behind by ``kill -9`` is
-simply taken by the next ``fit``, with no prompt and no pid guessing. The file's text (pid and host)
-only serves to name the holder when a second ``fit`` of the same run is refused. It is removed when
-the holder ends.
+The lock is an advisory lock on the file (``flock``, or ``msvcrt`` on Windows), which the system releases
+when the holder dies,
+however it dies: a lock file left behind by ``kill -9`` is simply taken by the next ``fit``, with
+no prompt and no pid guessing. The file's text (pid and host) only serves to name the holder
+when a second ``fit`` of the same run is refused. It is removed when the holder ends.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import os
 import socket
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
+from ..foundation import file_lock
 from ..foundation.errors import UsageError
 
 LOCK_FILENAME = "run.lock"
@@ -26,31 +25,38 @@ class RunLock:
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / LOCK_FILENAME
-        self._lock: FileLock | None = None
+        self._fd: int | None = None
 
     def acquire(self) -> None:
         """Take the lock, or raise a ``UsageError`` naming the process that holds it."""
-        lock = FileLock(self.path, timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if not file_lock.lock(fd, wait=False):
+                try:
+                    holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+                except OSError:  # (Windows: the holder's locked byte cannot be read)
+                    holder = "another process"
+                os.close(fd)
+                raise UsageError(
+                    f"{self.path.parent} is being trained by {holder} ({self.path}); wait for it to end or stop "
+                    "it, then resume with --ckpt_path last"
+                ) from None
             try:
-                holder = self.path.read_text(errors="replace").strip()
-            except OSError:  # (Windows locks the bytes it holds)
-                holder = ""
-            raise UsageError(
-                f"{self.path.parent} is being trained by {holder or 'another process'} ({self.path}); wait for it to "
-                "end or stop it, then resume with --ckpt_path last"
-            ) from None
-        with open(self.path, "w", encoding="utf-8") as note:
-            note.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        self._lock = lock
+                same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:  # its holder ended and removed it between our open and lock
+                same_file = False
+            if same_file:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        self._fd = fd
 
     def release(self) -> None:
-        if self._lock is None:
+        if self._fd is None:
             return
-        # While still held, so no one locks a file about to vanish (Windows does not remove a file that is open).
+        # While still held, so no one locks a file about to vanish (Windows removes no open file: it stays).
         with contextlib.suppress(OSError):
             self.path.unlink(missing_ok=True)
-        self._lock.release()
-        self._lock = None
+        os.close(self._fd)
+        self._fd = None
