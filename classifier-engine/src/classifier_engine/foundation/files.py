@@ -18,6 +18,7 @@ or torch's C++ writer's ``unexpected pos N vs M`` and ``basic_ios::clear`` (its 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import zlib
@@ -142,6 +143,15 @@ def file_record(path: Path) -> dict[str, int]:
 # Files this process found whole, by path, size, modification time and checksum: a command asks about the
 # same copy several times (naming the run, preparing, setting up), and need read it only once.
 _whole: set[tuple[Path, int, int, int]] = set()
+
+
+def sha256(path: Path) -> str:
+    """The file's SHA-256, read a mebibyte at a time (a checkpoint or a shipped model can be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def damage(folder: Path, records: dict[str, dict[str, int]]) -> str | None:

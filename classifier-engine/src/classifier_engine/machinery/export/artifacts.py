@@ -8,7 +8,6 @@ limit; only then are the files and the card renamed into place, together.
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from ...foundation.files import sha256
 from ...models.cost import model_cost
 from .contract import ExportableClassifier, sample_images
 from .errors import ExportCheckError, ExportError
@@ -228,14 +228,6 @@ def int8_report(
             "another --calibration_method (minmax, percentile, entropy), or ship fp32 with --formats onnx,pt2"
         )
     return report
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def describe(artifact: Built) -> dict:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 from ...data.preprocessing import Preprocessing
+from ...foundation.files import sha256
 from ...models.calibration import CHECKPOINT_KEY
 from ...models.cost import ModelCost
 from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, ExportableClassifier
@@ -45,14 +45,6 @@ def run_relative(ckpt_path: Path) -> str:
 def checkpoint_digest(source: dict) -> str:
     """The checkpoint's SHA-256 for the card's text (cards of 1.2 and before have none)."""
     return f", SHA-256 {source['checkpoint_sha256']}" if source.get("checkpoint_sha256") else ""
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def shipped_weights(checkpoint: dict) -> str:
