@@ -5,11 +5,11 @@ python check_labels.py --data.image_dir photos/ [--folds 5] [any main.py fit opt
 ``python check_labels.py --help`` lists every option; ``pip install -e ".[labels]"`` installs what it needs.
 """
 
-from classifier_engine.commands import check_labels
+from classifier_engine import run_check_labels
 
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 from main import DEFAULT_CONFIG
 
 if __name__ == "__main__":
-    check_labels.run(ImageClassifier, DEFAULT_CONFIG)
+    run_check_labels(ImageClassifier, DEFAULT_CONFIG)

@@ -5,11 +5,11 @@ python export.py --ckpt_path runs/{{ cookiecutter.dataset }}/<hash>/checkpoints/
 ``python export.py --help`` lists every option.
 """
 
-from classifier_engine.commands import export
+from classifier_engine import run_export
 
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
-EXPERIMENT = "{{ cookiecutter.project_slug }}"  # MLflow's experiment for an export whose training was not tracked
+from main import DEFAULT_CONFIG
 
 if __name__ == "__main__":
-    export.run(ImageClassifier, EXPERIMENT)
+    run_export(ImageClassifier, DEFAULT_CONFIG)

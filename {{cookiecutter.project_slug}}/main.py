@@ -6,11 +6,11 @@ The model is this project's ``ImageClassifier``; the command line is classifier_
 
 from pathlib import Path
 
-from classifier_engine.machinery.cli import main
+from classifier_engine import run_main
 
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "{{ cookiecutter.dataset }}.yaml"
 
 if __name__ == "__main__":  # guarded so that spawned DDP workers can import this file
-    main(ImageClassifier, DEFAULT_CONFIG)
+    run_main(ImageClassifier, DEFAULT_CONFIG)

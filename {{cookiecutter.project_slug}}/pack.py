@@ -3,11 +3,17 @@
 python pack.py --data.image_dir photos/ --data.image_size 128 --output s3://bucket/photos-128
 python main.py fit --config configs/images.yaml --config configs/presets/streaming.yaml --data.source s3://bucket/photos-128
 
-Takes the ``--data.*`` options of ``fit`` on your own images (image_size, resize, val_fraction, ...).
-Run it on one machine, or as every rank of a torchrun, SLURM or Kubeflow job: each packs a share.
+It reads the configs as ``fit`` does (``configs/images.yaml``, then any ``--config`` and ``--data.*`` options)
+and packs through this project's DataModule, so the packed images are the ones ``fit`` would train on: same
+split, size and resize rule. Run it on one machine, or as every rank of a torchrun, SLURM or Kubeflow job:
+each packs a share.
 """
 
-from classifier_engine.machinery.pack_command import main
+from classifier_engine import run_pack
+
+from {{ cookiecutter.import_name }}.models import ImageClassifier
+
+from main import DEFAULT_CONFIG
 
 if __name__ == "__main__":
-    main()
+    run_pack(ImageClassifier, DEFAULT_CONFIG)

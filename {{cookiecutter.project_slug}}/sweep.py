@@ -5,11 +5,11 @@ python sweep.py --sweep configs/sweeps/{{ cookiecutter.dataset }}.yaml [--n_tria
 ``python sweep.py --help`` lists every option; ``pip install -e ".[sweep]"`` installs what it needs.
 """
 
-from classifier_engine.commands import sweep
+from classifier_engine import run_sweep
 
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 
 from main import DEFAULT_CONFIG
 
 if __name__ == "__main__":
-    sweep.run(ImageClassifier, DEFAULT_CONFIG)
+    run_sweep(ImageClassifier, DEFAULT_CONFIG)

@@ -13,7 +13,7 @@ from classifier_engine.testing import write_image_folder
 
 from {{ cookiecutter.import_name }}.data import PhotoDataModule
 {%- else -%}
-from classifier_engine.data.cifar_format import FORMATS
+from classifier_engine import CIFAR_FORMATS
 from classifier_engine.testing import write_tiny_archive
 
 from {{ cookiecutter.import_name }}.data import CifarDataModule
@@ -60,14 +60,14 @@ TINY_ARGS = [
 
 def write_data(root: Path) -> list[str]:
     """A tiny archive in CIFAR's official format under ``root``; the options that point ``fit`` at it."""
-    write_tiny_archive(root / "data", FORMATS["{{ cookiecutter.dataset }}"])
+    write_tiny_archive(root / "data", CIFAR_FORMATS["{{ cookiecutter.dataset }}"])
     return [f"--data.data_dir={root / 'data'}"]
 
 
 @pytest.fixture
 def project_data(tmp_path: Path) -> CifarDataModule:
     """The project's DataModule on a tiny archive in CIFAR's official format, prepared and set up for fit."""
-    write_tiny_archive(tmp_path / "data", FORMATS["{{ cookiecutter.dataset }}"])
+    write_tiny_archive(tmp_path / "data", CIFAR_FORMATS["{{ cookiecutter.dataset }}"])
     data = CifarDataModule(data_dir=str(tmp_path / "data"), verify_checksum=False, num_workers=0, batch_size=16,
                            val_size=32)  # fmt: skip
     data.prepare_data()

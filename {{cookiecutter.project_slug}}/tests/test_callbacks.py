@@ -13,8 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from classifier_engine.callbacks import ConfusionMatrix, ImageThroughput, ModelReport, SampleGrid
-from classifier_engine.callbacks import throughput as project_throughput
+from classifier_engine import ConfusionMatrix, ModelReport, SampleGrid
 
 from {{ cookiecutter.import_name }}.callbacks import GradientHistograms, GradScaleWatchdog, Lookahead
 from {{ cookiecutter.import_name }}.models import ImageClassifier
@@ -64,40 +63,6 @@ def test_histograms_and_norms_every_n_steps(project_data, tmp_path):
     total = events.Scalars("weights_grad_norm/total")
     assert [e.step for e in total] == [0, 2, 4] and all(e.value > 0 for e in total)
     assert all(e.value == 0 for e in events.Scalars("weights_grad_nonfinite/total"))
-
-
-class FakeClock(L.Callback):
-    """The throughput monitor's clock: each training batch takes 1 s, each validation batch 10 s."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def on_train_batch_start(self, *args) -> None:
-        self.now += 1.0
-
-    def on_validation_batch_start(self, *args) -> None:
-        self.now += 10.0
-
-
-def test_throughput_after_a_validation_between_logging_steps_counts_every_training_batch_time(
-    project_data, tmp_path, monkeypatch
-):
-    # Logged at steps 4 and 8, validated after step 6: the rate at step 8 spans steps 5 to 8 (or 7
-    # and 8), whose time must not be dropped with the validation's.
-    clock = FakeClock()
-    monkeypatch.setattr(project_throughput, "time", clock)
-    trainer = tiny_fit(
-        project_data, tmp_path, [clock, ImageThroughput()], max_steps=10, val_check_interval=6, log_every_n_steps=4
-    )
-    rates = read_events(trainer.logger.log_dir).Scalars("train/device/samples_per_sec")
-    # Lightning's step index of the 8th batch (the 4th has no window yet); 16 images per 1-s batch
-    # (32 when steps 5 and 6 lost their time)
-    assert [(rate.step, rate.value) for rate in rates] == [(7, 16.0)]
-    validation = read_events(trainer.logger.log_dir).Scalars("val/device/samples_per_sec")
-    assert validation and all(rate.value == pytest.approx(16 / 10) for rate in validation)  # 16 images per 10-s batch
 
 
 def test_nonfinite_gradients_are_counted_not_drawn(tmp_path):

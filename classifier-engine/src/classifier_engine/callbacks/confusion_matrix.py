@@ -46,9 +46,9 @@ class ConfusionMatrix(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Several labels per image have no single confusion: the report's per-class AP covers them.
-        multilabel = pl_module.hparams.get("task") == "multilabel"
+        multilabel = pl_module.multilabel
         self.metric = (
-            None if multilabel else MulticlassConfusionMatrix(pl_module.hparams.num_classes).to(pl_module.device)
+            None if multilabel else MulticlassConfusionMatrix(len(pl_module.class_names)).to(pl_module.device)
         )
 
     @override

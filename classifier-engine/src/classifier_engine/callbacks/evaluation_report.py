@@ -244,7 +244,7 @@ class EvaluationReport(L.Callback):
         seen = images.transpose(0, 2, 3, 1)
         if not self.overlays:
             return [(image, None) for image in seen], "overlays are off (EvaluationReport.overlays)"
-        layer, name_or_reason = activation_layer(pl_module.backbone, int(pl_module.hparams.image_size))
+        layer, name_or_reason = activation_layer(pl_module.backbone, int(pl_module.image_size))
         if layer is None:
             return [(image, None) for image in seen], f"no overlays: {name_or_reason}"
         network = pl_module.network().eval()

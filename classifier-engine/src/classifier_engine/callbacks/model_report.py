@@ -47,7 +47,7 @@ class ModelReport(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        cost = model_cost(pl_module.network(), pl_module.hparams.image_size)
+        cost = model_cost(pl_module.network(), pl_module.image_size)
         rank_zero_info(f"ModelReport: {cost.describe()}")
         costs = {f"cost/{key}": value for key, value in cost.as_dict().items()}  # sorts first in the HPARAMS tab
         for logger in trainer.loggers:

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from .stream_format import DATASET_FILE, SPLITS, STREAM_FORMAT_VERSION, read_rec
 ITEM_BYTES = 2**17  # about 128 KiB of pixels per item by default (16 images at 48 px, 3 at 112 px, 1 from 208 px)
 CHUNK_BYTES = "64MB"  # litdata's default chunk: large enough for object storage, small enough to cache many
 NODE_WAIT_SECONDS = 2.0
+# A DataModule's split(labels, fractions) -> rows (train, val, test).
+Splitter = Callable[[np.ndarray, tuple[float, float]], tuple[np.ndarray, np.ndarray, np.ndarray]]
 FAILED_SUFFIX = ".failed"  # a worker's note of the unreadable image that stops a strict packing
 
 
@@ -102,17 +105,22 @@ class ItemMaker:
 
 
 def planned_splits(
-    found: LabelledImages, val_fraction: float, test_fraction: float, split_seed: int
+    found: LabelledImages, val_fraction: float, test_fraction: float, split_seed: int, split: Splitter | None = None
 ) -> dict[str, list[Entry]]:
-    """The images of each split: those the source gives, else held out of train as ``fit`` holds them out."""
+    """The images of each split: those the source gives, else held out of train as ``fit`` holds them out.
+
+    ``split``: the DataModule's own ``split(labels, fractions)`` (a project's may split by photographer or
+    date); by default the seeded, stratified split.
+    """
     from .folder import stratified_split  # the one rule of the held-out split
 
+    split = split or (lambda labels, fractions: stratified_split(labels, fractions, split_seed))
     train = found.splits["train"]
     fractions = (
         0.0 if "val" in found.splits else val_fraction,
         0.0 if "test" in found.splits else test_fraction,
     )
-    rows = stratified_split(np.asarray([entry.label for entry in train], dtype=np.int64), fractions, split_seed)
+    rows = split(np.asarray([entry.label for entry in train], dtype=np.int64), fractions)
     planned = {name: [train[row] for row in part] for name, part in zip(SPLITS, rows, strict=True)}
     for name in ("val", "test"):
         if name in found.splits:
@@ -246,6 +254,7 @@ def pack_to_store(
     val_fraction: float,
     test_fraction: float,
     split_seed: int,
+    split: Splitter | None = None,
     images_per_item: int | None,
     workers: int,
     strict: bool,
@@ -270,7 +279,7 @@ def pack_to_store(
             f"{existing.get('image_size')} px); choose another --output, or delete that one first"
         )
     per_item = images_per_item or default_images_per_item(settings.side)
-    planned = planned_splits(found, val_fraction, test_fraction, split_seed)
+    planned = planned_splits(found, val_fraction, test_fraction, split_seed, split)
     if "val" not in planned:
         raise DataSettingError(f"{found.root}: no image is left for validation; add images or raise data.val_fraction")
     os.environ["DATA_OPTIMIZER_NUM_NODES"] = str(nodes)

@@ -20,6 +20,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
+from ..contract import check_model, check_model_class, linked_settings
 from ..data import Fingerprinted, ImageDataModule
 from ..data.preprocessing import Preprocessing
 from ..foundation.errors import UsageError, UserError, exit_with, full_error_wanted, parse_error_line
@@ -114,6 +115,7 @@ class TrainerCLI(LightningCLI):
         config (``cli.datamodule``, ``cli.model``, ``cli.trainer``), e.g. in a notebook or a benchmark.
         """
         silence_known_noise()
+        check_model_class(model_class)
         # The classes a checkpoint may name (a checkpoint is data): the project's, the stated packages', and
         # from _parse_ckpt_path on, every class the command's own config names.
         self.class_trust = ClassTrust().for_project(model_class)
@@ -134,16 +136,7 @@ class TrainerCLI(LightningCLI):
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for key in (
-            "num_classes",
-            "class_names",
-            "mean",
-            "std",
-            "image_size",
-            "class_counts",
-            "task",
-            "images_counted",
-        ):
+        for key in linked_settings(self.model_class):  # the contract's LinkedFromData the model takes
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
         for action in parser._actions:  # argparse's list; no public route to an action (test_private_routes)
             # The help names the project's networks (the docstring); jsonargparse would append every
@@ -233,6 +226,7 @@ class TrainerCLI(LightningCLI):
         try:
             check_tracker_packages(self.config[self.subcommand].trainer if self.subcommand else self.config.trainer)
             super().instantiate_classes()
+            check_model(self.model)
         except BaseException as error:
             if self.run is not None and launched_as_rank_zero():
                 self.run.undo()

@@ -8,7 +8,9 @@ resume, exact restarts and a clean stop need cannot live in the user's list:
 - ``StopOnSignal``: SIGTERM, Ctrl-C and the cluster's warning signal stop every rank after the same batch;
 - ``RandomState``: every random generator's state in each checkpoint;
 - ``AtomicCheckpointIO``: each checkpoint file complete or absent, and never one of non-finite weights;
-- ``DivergenceGuard``: a run whose loss stopped being finite ends as a failure, saying at which step.
+- ``DivergenceGuard``: a run whose loss stopped being finite ends as a failure, saying at which step;
+- the model's guarantees (``model_guarantees.py``): its calibration fitted, kept and restored, the training
+  totals of a resumed epoch, the final validation at ``max_steps``, the schedule at the restored step.
 
 A user's list that would contradict them is refused in one line before anything is built: one of
 these classes listed again, another checkpoint writer (a ``CheckpointIO`` plugin), a ``ModelCheckpoint``
@@ -30,6 +32,7 @@ from .checkpoint_io import AtomicCheckpointIO
 from .checkpoint_trust import ClassTrust
 from .divergence import DivergenceGuard
 from .loggers import class_of
+from .model_guarantees import INSTALLED_FOR_MODEL, model_guarantees
 from .preprocessing_record import PreprocessingRecord
 from .random_state import RandomState
 from .rank_failure import RankFailureWatch
@@ -87,7 +90,9 @@ class Safety:
         writers = [LastCheckpoint(run_dir)]
         if self.last_every_n_train_steps is not None:  # a second writer: ModelCheckpoint saves by epoch or by step
             writers.append(LastCheckpoint(run_dir, self.last_every_n_train_steps))
-        return [self.peers, self.stop, RandomState(), PreprocessingRecord(), self.divergence, *writers]
+        return [
+            self.peers, self.stop, RandomState(), PreprocessingRecord(), *model_guarantees(), self.divergence, *writers
+        ]  # fmt: skip
 
 
 INSTALLED = (
@@ -98,6 +103,7 @@ INSTALLED = (
     DivergenceGuard,
     LastCheckpoint,
     AtomicCheckpointIO,
+    *INSTALLED_FOR_MODEL,
 )
 
 

@@ -85,8 +85,7 @@ def predict(model: L.LightningModule, images: object, batch_size: int) -> np.nda
     temperature, fitted on the few images of its fold, could saturate them, and confident learning
     estimates its own per-class thresholds anyway.
     """
-    calibration = getattr(model, "calibration", None)
-    multilabel = calibration is not None and calibration.multilabel
+    multilabel = model.calibration.multilabel
     as_probabilities = (lambda x: x.sigmoid()) if multilabel else (lambda x: x.softmax(dim=-1))
     device = next(model.parameters()).device
     model.eval()

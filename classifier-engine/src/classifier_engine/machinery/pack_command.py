@@ -1,7 +1,8 @@
 """``pack.py``: your own images packed by litdata into object storage (or a folder), by one machine or many.
 
-The options are ``fit``'s for your own images (``--data.*`` of ``ImageFolderDataModule``), so the
-packed images are exactly those ``fit`` would pack: same listing, held-out split, size and resize rule.
+The options are ``fit``'s, from the project's default config and ``--config`` files on, and the images go
+through the project's own DataModule class, so the packed images are exactly those ``fit`` would pack:
+same listing, held-out split (its ``split()``), size, resize rule and interpolation.
 """
 
 from __future__ import annotations
@@ -9,17 +10,20 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from jsonargparse import ActionConfigFile, Namespace
-from lightning.pytorch.cli import LightningArgumentParser
+import lightning as L
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser, instantiate_class
+from typing_extensions import override
 
 from ..data.errors import DataSettingError
 from ..data.folder import ImageFolderDataModule
 from ..data.object_store import check_location, is_remote
 from ..data.packing import default_workers
 from ..foundation.errors import UsageError, exit_with
-from .cli import OneLineErrorParser
+from .cli import TrainerCLI, constructor_error, fill_expected_input, imported
 from .noise import silence_known_noise
 
 # Where a launcher says which of how many processes this is: (count, rank) variable names.
@@ -49,31 +53,55 @@ def workers_per_process(environ: Mapping[str, str] = os.environ) -> int:
     return max(1, default_workers() // max(1, sharing))
 
 
-def parser() -> LightningArgumentParser:
-    parser = OneLineErrorParser(description=sys.modules["__main__"].__doc__ or __doc__, env_prefix="PACK")
-    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
-    parser.add_class_arguments(ImageFolderDataModule, "data", fail_untyped=False)
-    parser.add_argument(
-        "--output", type=str, required=True, help="where the dataset goes: s3://bucket/prefix, gs://..., or a folder"
-    )
-    parser.add_argument(
-        "--images_per_item",
-        type=int | None,
-        default=None,
-        help="images stored together in one litdata item; default: about 128 KiB of pixels (16 at 48 px, 1 at 224)",
-    )
-    parser.add_argument("--workers", type=int | None, default=None, help="decoding processes; default: the cores")
-    parser.add_argument(
-        "--storage_options",
-        type=dict[str, Any] | None,
-        default=None,
-        help="options for the store's client beyond the AWS_* variables (endpoint_url, aws_access_key_id, ...)",
-    )
-    return parser
+class PackCLI(TrainerCLI):
+    """``fit``'s command line (the project's default config, ``--config`` files, ``--data.*``) plus where to pack.
+
+    Only the DataModule is built: the project's own class, so its ``split()`` holds out what ``fit`` would.
+    """
+
+    @override
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        where = "where the dataset goes: s3://bucket/prefix, gs://..., or a folder"
+        parser.add_argument("--output", type=str, required=True, help=where)
+        parser.add_argument(
+            "--images_per_item",
+            type=int | None,
+            default=None,
+            help="images stored together in one litdata item; default: about 128 KiB of pixels (16 at 48 px, 1 at 224)",
+        )
+        parser.add_argument("--workers", type=int | None, default=None, help="decoding processes; default: the cores")
+        parser.add_argument(
+            "--storage_options",
+            type=dict[str, Any] | None,
+            default=None,
+            help="options for the store's client beyond the AWS_* variables (endpoint_url, aws_access_key_id, ...)",
+        )
+
+    @override
+    def _parse_ckpt_path(self) -> None:
+        # Nothing is resumed or written here; the data settings the config leaves null take what the network's
+        # weights expect, as fit's would (the packed images are fit's images).
+        self.run = None
+        fill_expected_input(self.config)
+
+    @override
+    def instantiate_classes(self) -> None:
+        data = self.config.data
+        kind = imported(data.class_path)
+        if not issubclass(kind, ImageFolderDataModule):
+            raise UsageError(
+                f"pack.py packs your own images, but data.class_path is {data.class_path}; "
+                "use a config whose data is an ImageFolderDataModule (configs/images.yaml)"
+            )
+        try:
+            self.datamodule = instantiate_class((), data.as_dict())
+        except ValueError as error:
+            line = f"{constructor_error(error)}; fix that value in the config or on the command line"
+            raise UsageError(line) from None
 
 
-def run(options: Namespace) -> None:
-    data_options = options.data.as_dict() if isinstance(options.data, Namespace) else dict(options.data)
+def run(data: ImageFolderDataModule, options: Namespace) -> None:
     output = check_location(options.output, "--output")
     if options.images_per_item is not None and options.images_per_item < 1:
         raise UsageError(f"--images_per_item must be 1 or more, got {options.images_per_item}")
@@ -83,10 +111,6 @@ def run(options: Namespace) -> None:
         raise UsageError('pack.py needs litdata; pip install -e ".[streaming]"') from None
     from ..data.stream_packing import pack_to_store
 
-    try:
-        data = ImageFolderDataModule(**data_options)
-    except ValueError as error:
-        raise UsageError(f"{error}; fix that value on the command line") from error
     if data.found is None:
         raise DataSettingError(f"data.image_dir {data.image_dir} does not exist; point it at your images")
     nodes, node = packing_node()
@@ -97,7 +121,7 @@ def run(options: Namespace) -> None:
         output,
         val_fraction=data.val_fraction,
         test_fraction=data.test_fraction,
-        split_seed=data.split_seed,
+        split=data.split,
         images_per_item=options.images_per_item,
         workers=workers,
         strict=data.on_bad_image == "error",
@@ -123,9 +147,21 @@ def run(options: Namespace) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(model_class: type[L.LightningModule], default_config: Path, argv: list[str] | None = None) -> None:
+    """``python pack.py ...`` of the project whose LightningModule and default config are given."""
     silence_known_noise()
     try:
-        run(parser().parse_args(argv))
+        cli = PackCLI(model_class, default_config, run=False, args=argv, parser_kwargs=parser_settings(default_config))
+        run(cli.datamodule, cli.config)
     except Exception as error:
         exit_with(error)
+
+
+def parser_settings(default_config: Path) -> dict[str, Any]:
+    """The project's default config first, then ``PACK_*`` variables; this file's docstring as the description."""
+    return {
+        "default_config_files": [str(default_config)],
+        "default_env": True,
+        "env_prefix": "PACK",
+        "description": sys.modules["__main__"].__doc__ or __doc__,
+    }

@@ -20,8 +20,6 @@ class PreprocessingRecord(L.Callback):
         if not isinstance(data, ImageDataModule):
             return  # a DataModule of another kind states no record; readers fall back to the saved settings
         record = data.preprocessing().as_dict()
-        for key in ("mean", "std"):  # the network normalizes with the model's own (linked from the data's)
-            value = pl_module.hparams.get(key)
-            if value is not None:
-                record[key] = list(value)
+        # The network normalizes with the model's own (linked from the data's): the contract's ``normalize``.
+        record["mean"], record["std"] = list(pl_module.normalize.mean), list(pl_module.normalize.std)
         checkpoint[CHECKPOINT_KEY] = record

@@ -25,12 +25,20 @@ class TrainingTotals:
         self.sums: Tensor | None = None  # (loss x images, top-1 hits, top-k hits), on the training device
         self.images = 0
         self.batches = 0
+        self.scored = True  # every batch came with logits: the accuracies mean something
 
-    def add(self, loss: Tensor, logits: Tensor, labels: Tensor) -> None:
-        """Count one batch (``loss`` is its mean; ``labels``: class indices, or multi-label 0/1 rows)."""
-        top = logits.detach().topk(self.top_k, dim=1).indices
-        # Multi-label rows (N, classes): a hit is a predicted class the image has.
-        hits = labels.gather(1, top) >= 0.5 if labels.dim() == 2 else top == labels.unsqueeze(1)
+    def add(self, loss: Tensor, logits: Tensor | None, labels: Tensor) -> None:
+        """Count one batch (``loss`` is its mean; ``labels``: class indices, or multi-label 0/1 rows).
+
+        Without ``logits`` (a training step that returns its loss alone) only the loss is counted.
+        """
+        if logits is None:
+            self.scored = False
+            hits = torch.zeros(labels.shape[0], 1, dtype=torch.bool, device=loss.device)
+        else:
+            top = logits.detach().topk(self.top_k, dim=1).indices
+            # Multi-label rows (N, classes): a hit is a predicted class the image has.
+            hits = labels.gather(1, top) >= 0.5 if labels.dim() == 2 else top == labels.unsqueeze(1)
         batch = torch.stack(
             (loss.detach().to(_sum_dtype(loss.device)) * labels.shape[0], hits[:, 0].sum(), hits.any(dim=1).sum())
         )
@@ -43,6 +51,8 @@ class TrainingTotals:
         if not self.batches:  # the same on every rank
             return {}
         loss, top1, top_k, images = self._packed(strategy)
+        if not self.scored:
+            return {"train/loss_epoch": loss / images}
         return {"train/loss_epoch": loss / images, "train/top1": top1 / images, "train/top5": top_k / images}
 
     def reset(self) -> None:

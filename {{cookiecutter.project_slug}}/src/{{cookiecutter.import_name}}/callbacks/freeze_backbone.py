@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from classifier_engine.data.folder_size import counted, head_epochs_for
+from classifier_engine import counted, head_epochs_for
 
 from ..models.backbones import head_of
 

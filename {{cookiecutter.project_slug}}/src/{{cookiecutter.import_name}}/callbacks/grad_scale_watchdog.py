@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from classifier_engine.foundation.logging_steps import at_logging_step
+from classifier_engine import at_logging_step
 
 CAUSES = (
     "usual causes: a learning rate that is too high (lower model.optimizer.init_args.lr or lengthen the warm-up), "

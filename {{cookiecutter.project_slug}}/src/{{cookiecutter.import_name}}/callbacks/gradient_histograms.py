@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from classifier_engine.callbacks.tensorboard import tensorboard_writers
+from classifier_engine import tensorboard_writers
 
 
 class GradientHistograms(L.Callback):

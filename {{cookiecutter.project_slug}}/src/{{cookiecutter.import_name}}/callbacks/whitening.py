@@ -6,7 +6,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from classifier_engine.data.interfaces import TrainingImages
+from classifier_engine import TrainingImages
 
 from ..models.backbones import PatchWhitening
 

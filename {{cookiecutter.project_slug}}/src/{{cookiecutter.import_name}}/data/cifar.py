@@ -9,11 +9,17 @@ from typing import Any, Literal
 import numpy as np
 from typing_extensions import override
 
-from classifier_engine.data.archive import Cache, fingerprint, load_cache, prepare
-from classifier_engine.data.cifar_format import FORMATS
-from classifier_engine.data.datamodule import ImageDataModule
-from classifier_engine.data.dataset import MemmapBatches
-from classifier_engine.data.errors import DataError, DataSettingError
+from classifier_engine import (
+    CIFAR_FORMATS,
+    Cache,
+    DataError,
+    DataSettingError,
+    ImageDataModule,
+    MemmapBatches,
+    fingerprint,
+    load_cache,
+    prepare,
+)
 
 
 class CifarDataModule(ImageDataModule):
@@ -43,11 +49,11 @@ class CifarDataModule(ImageDataModule):
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
         super().__init__(**kwargs)
-        if dataset not in FORMATS:
-            raise ValueError(f"data.dataset must be one of {sorted(FORMATS)}, got {dataset!r}")
+        if dataset not in CIFAR_FORMATS:
+            raise ValueError(f"data.dataset must be one of {sorted(CIFAR_FORMATS)}, got {dataset!r}")
         if val_size < 0:
             raise ValueError(f"data.val_size must be 0 or more, got {val_size}")
-        self.format = FORMATS[dataset]
+        self.format = CIFAR_FORMATS[dataset]
         self.title = self.format.title
         self.data_dir = Path(data_dir)
         self.val_size = val_size
@@ -71,7 +77,7 @@ class CifarDataModule(ImageDataModule):
             return f"images:{settings['predict_dir']}"  # no CIFAR archive is needed, or looked for
         return fingerprint(
             Path(settings.get("data_dir", "data")),
-            FORMATS[settings.get("dataset", "cifar10")],
+            CIFAR_FORMATS[settings.get("dataset", "cifar10")],
             download=settings.get("download", True),
             verify_checksum=settings.get("verify_checksum", True),
         )

@@ -10,9 +10,7 @@ from __future__ import annotations
 import numpy as np
 from typing_extensions import override
 
-from classifier_engine.data.augment import BatchAugment
-from classifier_engine.data.datamodule import RESIZED_CROP_FROM
-from classifier_engine.data.folder import ImageFolderDataModule, stratified_split
+from classifier_engine import RESIZED_CROP_FROM, BatchAugment, ImageFolderDataModule, stratified_split
 
 
 class PhotoDataModule(ImageFolderDataModule):

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 from typing_extensions import override
 
-from classifier_engine.foundation.errors import UsageError, check_choice
+from classifier_engine import UsageError, check_choice
 
 # What model.backbone is: a class (or function) that builds the network for a number of classes.
 BackboneFactory = Callable[[int], nn.Module]

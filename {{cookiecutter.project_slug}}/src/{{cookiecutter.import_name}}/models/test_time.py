@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from classifier_engine.foundation.errors import check_choice
+from classifier_engine import check_choice
 
 Network = Callable[[Tensor], Tensor]
 DuringFit = Literal["final", "every"]
@@ -37,6 +38,13 @@ class TestTimeAugmentation:
 
     def __call__(self, network: Network, images: Tensor) -> Tensor:
         return network(images)
+
+    def all_views_now(self, trainer: L.Trainer) -> bool:
+        """False at a validation during fit that is not the last (unless ``during_fit`` is every)."""
+        if self.during_fit == "every" or trainer.state.fn != "fit":
+            return True
+        last_step = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+        return last_step or (trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs - 1)
 
 
 class Flip(TestTimeAugmentation):

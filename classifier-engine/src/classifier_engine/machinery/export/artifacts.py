@@ -15,9 +15,10 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from ...contract import ClassifierModel
 from ...foundation.files import sha256
 from ...models.cost import model_cost
-from .contract import ExportableClassifier, sample_images
+from .contract import sample_images
 from .errors import ExportCheckError, ExportError
 from .evaluation import (
     Accuracy,
@@ -122,9 +123,7 @@ def check_options(options: ExportOptions) -> None:
         raise ExportError(f"cannot write to {folder}: {existing} is a file; choose another --output_dir")
 
 
-def find_data(
-    options: ExportOptions, model: ExportableClassifier, checkpoint: dict
-) -> tuple[RunData | None, str | None]:
+def find_data(options: ExportOptions, model: ClassifierModel, checkpoint: dict) -> tuple[RunData | None, str | None]:
     """The run's data, or why evaluation is skipped; missing data is an error where int8 or ``--data_dir`` asks."""
     if options.eval_limit == 0:
         return None, "--eval_limit 0"
@@ -142,10 +141,10 @@ def find_data(
 DEFAULT_TOLERANCE, ROUNDING_MARGIN = 1e-4, 10.0
 
 
-def parity_floor(options: ExportOptions, model: ExportableClassifier) -> float:
+def parity_floor(options: ExportOptions, model: ClassifierModel) -> float:
     if options.tolerance is not None:
         return 0.0
-    return ROUNDING_MARGIN * float32_error(model, model.hparams.image_size)
+    return ROUNDING_MARGIN * float32_error(model, model.image_size)
 
 
 def check_parity(built: Built, reference: Predictor, options: ExportOptions, image_size: int, floor: float) -> None:
@@ -158,7 +157,7 @@ def check_parity(built: Built, reference: Predictor, options: ExportOptions, ima
         )
 
 
-def build(options: ExportOptions, model: ExportableClassifier, data: RunData | None, staged: StagedFiles, work: Path):
+def build(options: ExportOptions, model: ClassifierModel, data: RunData | None, staged: StagedFiles, work: Path):
     """Each artifact, staged and checked, in the order it depends on (int8 is made from the fp32 ONNX)."""
     eager = torch_predictor(model)
     floor = parity_floor(options, model) if {"onnx", "pt2"} & set(options.formats) else 0.0
@@ -168,7 +167,7 @@ def build(options: ExportOptions, model: ExportableClassifier, data: RunData | N
         fp32 = staged.path(FILE_NAMES["onnx"]) if "onnx" in options.formats else work / FILE_NAMES["onnx"]
         export_onnx(model, fp32, opset=options.opset)
         built["onnx"] = Built("onnx", fp32, onnx_predictor(fp32))
-        check_parity(built["onnx"], eager, options, model.hparams.image_size, floor)
+        check_parity(built["onnx"], eager, options, model.image_size, floor)
     if "int8" in options.formats:
         assert data is not None  # find_data refuses int8 without data
         images = data.calibration_images(options.calibration_images)
@@ -180,20 +179,20 @@ def build(options: ExportOptions, model: ExportableClassifier, data: RunData | N
         program = staged.path(FILE_NAMES["pt2"])
         export_program(model, program)
         built["pt2"] = Built("pt2", program, torch_predictor(load_program(program)))
-        check_parity(built["pt2"], eager, options, model.hparams.image_size, floor)
+        check_parity(built["pt2"], eager, options, model.image_size, floor)
     return built, calibration
 
 
-def label_thresholds(model: ExportableClassifier) -> np.ndarray | None:
+def label_thresholds(model: ClassifierModel) -> np.ndarray | None:
     """A multi-label model's thresholds (on sigmoid of the exported output), None for one label per image."""
-    calibration = getattr(model, "calibration", None)
-    if calibration is None or not calibration.multilabel:
+    calibration = model.calibration
+    if not calibration.multilabel:
         return None
     return calibration.thresholds.detach().cpu().numpy().astype(np.float64)
 
 
 def evaluate(
-    options: ExportOptions, model: ExportableClassifier, data: RunData, built: dict[str, Built]
+    options: ExportOptions, model: ClassifierModel, data: RunData, built: dict[str, Built]
 ) -> Accuracy | LabelScores:
     """Every runtime on the same held-out images; returns PyTorch eager's accuracy (multi-label: its scores)."""
     held_out = data.held_out
@@ -279,11 +278,11 @@ def export_artifacts(options: ExportOptions, model_class: type) -> Exported:
             model,
             checkpoint,
             options.ckpt_path,
-            model_cost(model.network(), model.hparams.image_size),
+            model_cost(model.network(), model.image_size),
             shipped,
             eager.as_dict() if eager else None,
             evaluation_record(options, data, skipped, eager),
             int8,
         )
         write_card(card, staged.path(CARD_JSON), staged.path(CARD_MARKDOWN))
-        return Exported(card, staged.commit(), example_images(data, model.hparams.image_size))
+        return Exported(card, staged.commit(), example_images(data, model.image_size))

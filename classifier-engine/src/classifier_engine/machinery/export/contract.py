@@ -7,11 +7,7 @@ pixel values 0-255, with the normalization inside; it returns float32 logits (ba
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
-
 import torch
-from torch import nn
 
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 MAX_BATCH = 4096
@@ -29,23 +25,6 @@ def sample_images(batch: int, seed: int = 0, size: int = 32) -> torch.Tensor:
     smooth = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
     noise = torch.randn(batch, 3, size, size, generator=generator) * 8
     return (smooth + noise).clamp(0, 255).to(torch.uint8)
-
-
-@runtime_checkable
-class ExportableClassifier(Protocol):
-    """What export needs of the project's LightningModule (the template's ``ImageClassifier`` has it all).
-
-    ``network()`` is the module every file holds: uint8 images in, logits out, the normalization inside.
-    """
-
-    hparams: Any
-    backbone: nn.Module
-    class_names: Sequence[str]
-    test_time_augmentation: Callable[..., torch.Tensor]
-
-    def network(self) -> nn.Module: ...
-
-    def eval(self) -> Any: ...
 
 
 # The one-view test-time augmentation every project's models/test_time.py starts from (the files compute one view).

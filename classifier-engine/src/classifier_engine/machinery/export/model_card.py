@@ -7,11 +7,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ...contract import ClassifierModel
 from ...data.preprocessing import Preprocessing
 from ...foundation.files import sha256
 from ...models.calibration import CHECKPOINT_KEY
 from ...models.cost import ModelCost
-from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, ExportableClassifier
+from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME
 from .evaluation import describe_parity
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
@@ -59,7 +60,7 @@ def shipped_weights(checkpoint: dict) -> str:
     return f"the moving average of the training weights{count}{source}, not the last training weights"
 
 
-def backbone_settings(model: ExportableClassifier, checkpoint: dict) -> dict:
+def backbone_settings(model: ClassifierModel, checkpoint: dict) -> dict:
     """The backbone as the run's config gave it (class_path and init_args), or its class when built in Python."""
     given = checkpoint.get("hyper_parameters", {}).get("backbone")
     if isinstance(given, dict):
@@ -69,7 +70,7 @@ def backbone_settings(model: ExportableClassifier, checkpoint: dict) -> dict:
 
 
 def build_card(
-    model: ExportableClassifier,
+    model: ClassifierModel,
     checkpoint: dict,
     ckpt_path: Path,
     cost: ModelCost,
@@ -79,10 +80,9 @@ def build_card(
     int8: dict | None,
 ) -> dict:
     """``artifacts``: per format, its file, runtime, size, parity and accuracy; ``eager``: PyTorch's accuracy."""
-    hparams = model.hparams
     # The record the checkpoint keeps (or, for one written without it, the same from the model's own settings).
     record = Preprocessing.of_checkpoint(checkpoint) or Preprocessing(
-        hparams.image_size, "crop", "bilinear", 1.0, tuple(hparams.mean), tuple(hparams.std)
+        model.image_size, "crop", "bilinear", 1.0, model.normalize.mean, model.normalize.std
     )
     tta = type(model.test_time_augmentation)
     run_tta = None if tta.__name__ == ONE_VIEW else tta.__name__  # the files compute one view: say so
@@ -106,7 +106,7 @@ def build_card(
             "output": {
                 "name": OUTPUT_NAME,
                 "dtype": "float32",
-                "shape": ["batch", hparams.num_classes],
+                "shape": ["batch", len(model.class_names)],
                 "meaning": output_meaning(task, calibration),
             },
             "calibration": calibration,

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from ...contract import ClassifierModel, check_model
 from ...foundation.errors import parse_error_line
+from ...models.calibration import CHECKPOINT_KEY as CALIBRATION_KEY
 from ..checkpoint_io import CheckpointError, read_checkpoint
 from ..checkpoint_trust import ClassTrust
-from .contract import ExportableClassifier
 from .errors import ExportError
 
 
-def load_model(ckpt_path: Path, model_class: type, trusted: Iterable[str] = ()) -> tuple[ExportableClassifier, dict]:
+def load_model(ckpt_path: Path, model_class: type, trusted: Iterable[str] = ()) -> tuple[ClassifierModel, dict]:
     """The project's ``model_class`` rebuilt from the checkpoint's hyperparameters, in eval mode, and the checkpoint.
 
     Nothing is built before the file is read and checked: a class it names must be the project's, of a stated
@@ -32,4 +33,7 @@ def load_model(ckpt_path: Path, model_class: type, trusted: Iterable[str] = ()) 
         # One line; e.g. "model.backbone: No module named 'my_nets'" for a network that is not importable here.
         reason = parse_error_line(str(error)).replace("module.", "model.", 1)
         raise ExportError(f"{ckpt_path} does not rebuild a {model_class.__name__}: {reason}") from error
+    check_model(model)
+    # The calibration fitted in training (the CLI's CalibrationFit callback restores it; here no trainer runs).
+    model.calibration.restore(checkpoint.get(CALIBRATION_KEY))
     return model.eval(), checkpoint

@@ -6,16 +6,17 @@ from pathlib import Path
 
 import torch
 
-from .contract import INPUT_NAME, OUTPUT_NAME, ExportableClassifier, dynamic_batch, sample_images
+from ...contract import ClassifierModel
+from .contract import INPUT_NAME, OUTPUT_NAME, dynamic_batch, sample_images
 from .errors import ExportError
 
 
-def export_onnx(model: ExportableClassifier, output: Path, opset: int | None = None) -> None:
+def export_onnx(model: ClassifierModel, output: Path, opset: int | None = None) -> None:
     """Export the eval-mode network to ``output`` (a staged name: see staging.py) and check the file."""
     try:
         torch.onnx.export(
             model,
-            (sample_images(2, size=model.hparams.image_size),),
+            (sample_images(2, size=model.image_size),),
             str(output),
             dynamo=True,
             external_data=False,

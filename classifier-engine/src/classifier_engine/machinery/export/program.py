@@ -12,16 +12,15 @@ from pathlib import Path
 
 import torch
 
-from .contract import ExportableClassifier, dynamic_batch, sample_images
+from ...contract import ClassifierModel
+from .contract import dynamic_batch, sample_images
 from .errors import ExportError
 
 
-def export_program(model: ExportableClassifier, output: Path) -> None:
+def export_program(model: ClassifierModel, output: Path) -> None:
     """Trace the eval-mode network with a dynamic batch and save it to ``output``."""
     try:
-        program = torch.export.export(
-            model, (sample_images(2, size=model.hparams.image_size),), dynamic_shapes=dynamic_batch()
-        )
+        program = torch.export.export(model, (sample_images(2, size=model.image_size),), dynamic_shapes=dynamic_batch())
         strip_source_locations(program)
         # Saved through a file object, the archive's root folder is torch's fixed "archive", not the file's
         # (staged, temporary) name.

@@ -1,0 +1,163 @@
+"""What a trained model's promises rest on, kept by callbacks the CLI installs whatever the config or the model says.
+
+A project's LightningModule is the user's to rewrite (its ``training_step``, its validation hooks),
+so what exact resume and calibrated answers need does not live there:
+
+- ``CalibrationFit``: after each validation of ``fit``, the calibration (temperature, thresholds, the
+  "unknown" threshold) is fitted on the validation images, before that validation's checkpoints; every
+  checkpoint keeps it and every restore takes it back;
+- ``TrainingTotalsLog``: ``train/loss_epoch``, ``train/top1``, ``train/top5`` summed on the device and kept
+  in checkpoints, so an epoch resumed in its middle averages over all its batches;
+- ``FinalValidation``: a run that reaches ``max_steps`` inside an epoch validates its final weights;
+- ``ScheduleResume``: the learning-rate schedule stands at the restored step, even where the checkpoint
+  lacks the schedule's state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
+from typing_extensions import override
+
+from ..contract import ResumableSchedule
+from ..foundation.logging_steps import at_logging_step
+from ..models.calibration import CHECKPOINT_KEY as CALIBRATION_KEY
+from ..models.training_totals import TrainingTotals
+
+TOTALS_KEY = "training_totals"
+
+
+def fitting(trainer: L.Trainer) -> bool:
+    return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+
+
+class CalibrationFit(L.Callback):
+    """Fit ``pl_module.calibration`` on each validation of ``fit``; keep it in checkpoints and restore it.
+
+    The logits are what ``validation_step`` returns when it returns them (the project's model does);
+    otherwise they are computed again with ``pl_module.evaluate``.
+    """
+
+    @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        pl_module.calibration.reset()
+
+    @override
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not fitting(trainer):
+            return
+        images, labels = batch[0], batch[1]
+        logits = outputs
+        if not (isinstance(logits, Tensor) and logits.shape == (len(labels), len(pl_module.class_names))):
+            with torch.no_grad():
+                logits = pl_module.evaluate(images)
+        pl_module.calibration.collect(logits.detach(), labels)
+
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        # Fitted on this validation's images (every rank's: the same numbers on each), before the checkpoints
+        # of this validation are written.
+        if fitting(trainer):
+            figures = {f"val/{name}": value for name, value in pl_module.calibration.fit().items()}
+            pl_module.log_dict(figures, sync_dist=True)
+
+    @override
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CALIBRATION_KEY] = pl_module.calibration.record()
+
+    @override
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        pl_module.calibration.restore(checkpoint.get(CALIBRATION_KEY))
+
+
+class TrainingTotalsLog(L.Callback):
+    """The training loss and accuracy of each epoch, from what ``training_step`` returns.
+
+    ``training_step`` returning ``{"loss": ..., "logits": ...}`` gives ``train/top1`` and ``train/top5``
+    as well as ``train/loss_epoch``; a bare loss gives the loss alone. ``train/loss_step`` is logged at
+    the logger's cadence (a log call at every step costs more than a small network's step).
+    """
+
+    def __init__(self) -> None:
+        self.totals: TrainingTotals | None = None
+        self.restored: dict[str, Any] | None = None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+        self.totals = TrainingTotals(len(pl_module.class_names))
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        # The first batch after a mid-epoch resume continues the checkpoint's sums of that epoch.
+        restored, self.restored = self.restored, None
+        if restored is not None and (restored["epoch"], restored["batches"]) == (trainer.current_epoch, batch_idx):
+            self.totals.load_state_dict(restored, trainer.strategy.root_device, keep_sums=trainer.is_global_zero)
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None:  # a step the model skipped
+            return
+        logits = outputs.get("logits") if isinstance(outputs, dict) else None
+        labels = batch[1]
+        # Mixed images count as their larger share's class, so train/top1 still compares with val/top1
+        # (multi-label: train/top1 is the share of images whose most probable label is one of theirs).
+        if labels.dim() == 2 and not pl_module.multilabel:
+            labels = labels.argmax(dim=1)
+        self.totals.add(loss, logits, labels)
+        if at_logging_step(trainer):
+            pl_module.log("train/loss_step", loss, on_step=True, on_epoch=False)
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        pl_module.log_dict(self.totals.means(trainer.strategy), on_epoch=True)
+        self.totals.reset()
+
+    @override
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if self.totals is not None:
+            checkpoint[TOTALS_KEY] = self.totals.state_dict(trainer.strategy, trainer.current_epoch)
+
+    @override
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self.restored = checkpoint.get(TOTALS_KEY)
+
+
+class FinalValidation(L.Callback):
+    """Validate the final weights of a run that reaches ``max_steps`` inside an epoch.
+
+    Otherwise the run would end without validating them (its last ``val/*`` would be the previous
+    epoch's). Asking to stop makes Lightning validate now, after every callback's batch end (weight
+    averaging included); the checkpoints follow.
+    """
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        max_steps = trainer.max_steps
+        if max_steps is not None and 0 < max_steps <= trainer.global_step:
+            trainer.should_stop = True
+
+
+class ScheduleResume(L.Callback):
+    """Put a resumable schedule at the restored step (a checkpoint without the schedule's state included)."""
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        for config in trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if isinstance(scheduler, ResumableSchedule) and scheduler.last_epoch != trainer.global_step:
+                scheduler.resume_at(trainer.global_step)
+
+
+def model_guarantees() -> list[L.Callback]:
+    """The callbacks above, as the CLI installs them; add them to a ``Trainer`` built by hand (a notebook)."""
+    return [CalibrationFit(), TrainingTotalsLog(), FinalValidation(), ScheduleResume()]
+
+
+INSTALLED_FOR_MODEL = (CalibrationFit, TrainingTotalsLog, FinalValidation, ScheduleResume)
