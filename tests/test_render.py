@@ -44,7 +44,6 @@ COMMON_FILES = {
     "docs/install.md",
     "docs/labels.md",
     "docs/logging.md",
-    "docs/own_data.md",
     "docs/report.md",
     "docs/images/report.png",
     "docs/runs.md",
@@ -100,6 +99,7 @@ PACKAGE_FILES = {
 ONLY_FOR = {
     "images": {
         "pack.py",
+        "docs/own_data.md",
         "configs/images.yaml",
         "configs/presets/from_scratch.yaml",
         "configs/presets/streaming.yaml",
@@ -365,7 +365,7 @@ def test_every_import_of_the_package_runs_one_way(bake, dataset):
 def test_the_library_imports_one_way_and_never_a_project():
     library = TEMPLATE / "classifier-engine" / "src" / "classifier_engine"
     imports = package_imports(library, LIBRARY_WING_LEVELS)
-    assert {imported for _, _, imported in imports} == set(LIBRARY_WING_LEVELS) - {"commands"}  # sees every wing
+    assert {imported for _, _, imported in imports} == set(LIBRARY_WING_LEVELS)  # sees every wing
     upward = [
         (path, imported)
         for path, wing, imported in imports
@@ -399,3 +399,79 @@ def test_an_images_render_speaks_of_the_users_photos(bake):
     readme, pyproject = (project / "README.md").read_text(), (project / "pyproject.toml").read_text()
     assert readme.startswith("# Photo Classifier\n\nImage classification of your own photos")
     assert 'description = "Image classification of your own photos' in pyproject
+
+
+def public_api() -> set[str]:
+    """The names ``classifier_engine`` exports (its ``_API`` table), read without importing it."""
+    import ast
+
+    source = (TEMPLATE / "classifier-engine" / "src" / "classifier_engine" / "__init__.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_API":
+            return {key.value for key in node.value.keys} | {"__version__"}
+    raise AssertionError("classifier_engine/__init__.py has no _API table")
+
+
+def library_uses(path: Path) -> list[str]:
+    """Each library name a file reaches: ``classifier_engine.X`` for a public X, else the module it goes through."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    aliases = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for alias in node.names if alias.name == "classifier_engine"}  # fmt: skip
+    used = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "classifier_engine":
+            if node.module == "classifier_engine":
+                used += [f"classifier_engine.{alias.name}" for alias in node.names]
+            elif node.module != "classifier_engine.testing":  # public too: tiny data for tests
+                used.append(f"module {node.module}")
+        elif isinstance(node, ast.Import):
+            used += [f"module {a.name}" for a in node.names if a.name.startswith("classifier_engine.")]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            used.append(f"classifier_engine.{node.attr}")
+    return used
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "images"])
+def test_a_render_reaches_the_library_through_its_public_api_only(bake, dataset):
+    project, api = bake(dataset=dataset), public_api()
+    uses = {(str(path.relative_to(project)), name) for path in project.rglob("*.py") for name in library_uses(path)}
+    assert {name for _, name in uses} >= {"classifier_engine.run_main", "classifier_engine.Normalize"}  # it sees them
+    outside = sorted((path, name) for path, name in uses if name.removeprefix("classifier_engine.") not in api)
+    assert outside == []
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "images"])
+def test_a_render_is_code_a_user_reads_whole(bake, dataset):
+    package = next((bake(dataset=dataset) / "src").iterdir())
+    lines = {path.name: len(path.read_text().splitlines()) for path in package.rglob("*.py")}
+    assert sum(lines.values()) <= 1800
+    assert lines["classifier.py"] <= 200
+
+
+def test_the_post_gen_hook_prunes_only_files_a_render_has(bake):
+    import ast
+
+    source = (TEMPLATE / "hooks" / "post_gen_project.py").read_text()
+    (only_for,) = [node.value for node in ast.parse(source).body
+                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "ONLY_FOR"]  # fmt: skip
+    for kind, paths in ast.literal_eval(only_for).items():
+        project = bake(dataset="images" if kind == "images" else "cifar10")  # a render keeps its own kind's files
+        package = next((project / "src").iterdir()).name
+        assert len(paths) >= 3
+        assert [path for path in paths if not (project / path.format(import_name=package)).is_file()] == []
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "images"])
+def test_every_config_a_render_s_docs_name_is_in_that_render(bake, dataset):
+    project = bake(dataset=dataset)
+    pages = [project / "README.md", *(project / "docs").glob("*.md")]
+    named = set()
+    for page in pages:
+        text = page.read_text()
+        written = set(re.findall(r"^# (configs/[\w./-]+\.ya?ml):", text, flags=re.MULTILINE))  # a file the page shows
+        named |= {(page.name, path) for path in re.findall(r"\bconfigs/[\w./-]+\.ya?ml", text) if path not in written}
+    assert len(named) > 5
+    missing = sorted(f"{page}: {path}" for page, path in named if not (project / path).is_file())
+    assert missing == []
