@@ -9,6 +9,7 @@ only the difference on stdout.
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -36,11 +37,23 @@ def git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def template_folder(template: str) -> Path | None:
+    """The template's folder when rendered from one; a relative path is the caller's ($PWD: hooks run elsewhere)."""
+    if "://" in template or template.startswith("git@") or template.partition(":")[0] in ABBREVIATIONS:
+        return None
+    caller = Path(os.environ.get("PWD", os.getcwd()))
+    for candidate in (caller / Path(template).expanduser(), Path(ANSWERS.get("_repo_dir", "")).expanduser()):
+        if candidate.is_absolute() and (candidate / LIBRARY / "pyproject.toml").is_file():
+            return candidate.resolve()
+    return None
+
+
 def library_source() -> str:
     """Where pip finds the library: this checkout's folder (a local template), else its repository at this commit."""
     template, repo_dir = ANSWERS.get("_template", ""), Path(ANSWERS.get("_repo_dir", "."))
-    if Path(template).expanduser().is_dir():
-        return (Path(template).expanduser().resolve() / LIBRARY).as_uri()
+    folder = template_folder(template)
+    if folder is not None:
+        return (folder / LIBRARY).as_uri()
     prefix, _, rest = template.partition(":")
     url = ABBREVIATIONS[prefix].format(rest) if prefix in ABBREVIATIONS and "//" not in rest else template
     commit = ANSWERS.get("_checkout") or ""
@@ -67,6 +80,7 @@ Rendered {ANSWERS["project_slug"]}/. Next:
 
     cd {ANSWERS["project_slug"]}
     python -m venv .venv && . .venv/bin/activate
+    python -m pip install --upgrade "pip>=25"
     pip install -c constraints.txt -e ".[dev]"    # CPU only: see README.md, Install
     python main.py fit --config configs/{ANSWERS["dataset"]}.yaml
 """,

@@ -108,3 +108,25 @@ def test_the_lock_script_reproduces_the_committed_lock(project, tmp_path):
     for lock in ("constraints.txt", "constraints-cpu.txt"):
         assert (copy / lock).read_text() == (project / lock).read_text(), f"scripts/lock.sh changed {lock}"
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in project.iterdir())  # no leftover
+
+
+def test_one_command_moves_the_engine_release_and_both_locks(project, tmp_path):
+    copy = tmp_path / "project"
+    shutil.copytree(project, copy)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # this uv
+    lines = (project / "constraints.txt").read_text().splitlines()
+    (pin,) = [line for line in lines if line.startswith("classifier-engine==")]
+    (source,) = [line for line in lines if line.startswith("classifier-engine @ ")]
+    # The same release from the same source: the locks stay as they are, byte for byte.
+    command = ["bash", "scripts/upgrade_engine.sh", pin.split("==")[1], source.split(" @ ")[1]]
+    result = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for lock in ("constraints.txt", "constraints-cpu.txt"):
+        assert (copy / lock).read_text() == (project / lock).read_text(), lock
+    # A release that does not exist anywhere is refused by the resolver, and says so.
+    result = subprocess.run(["bash", "scripts/upgrade_engine.sh", "1.99.0"], cwd=copy, capture_output=True, text=True,
+                            timeout=600, env=env)  # fmt: skip
+    assert result.returncode != 0 and "classifier-engine" in result.stderr
+    for lock in ("constraints.txt", "constraints-cpu.txt"):
+        assert (copy / lock).read_text() == (project / lock).read_text(), f"a refused upgrade changed {lock}"
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in project.iterdir())  # no leftover

@@ -65,6 +65,7 @@ COMMON_FILES = {
     "configs/presets/mlflow.yaml",
     "configs/presets/wandb.yaml",
     "scripts/lock.sh",
+    "scripts/upgrade_engine.sh",
     "scripts/kubeflow_trainjob.yaml",
     "Dockerfile",
     ".dockerignore",
@@ -292,6 +293,9 @@ def test_lightning_requirement_refuses_the_compromised_releases(bake):
     (lightning,) = [Requirement(r) for r in meta["dependencies"] if Requirement(r).name == "lightning"]
     assert not {"2.6.2", "2.6.3"} & set(lightning.specifier.filter(["2.6.2", "2.6.3"]))
     assert lightning.specifier.contains("2.6.6")
+    assert not lightning.specifier.contains("2.6.5")  # before 2.6.6 a checkpoint could run code (GHSA-qqmf-gpg7-g8gw)
+    (engine,) = [Requirement(r) for r in meta["dependencies"] if Requirement(r).name == "classifier-engine"]
+    assert engine.specifier.contains(LIBRARY_VERSION) and not engine.specifier.contains("2.0.0")  # a range: 1.x
 
 
 def test_recorded_answers_re_render_the_same_tree(bake, tmp_path, cookiecutter_config):

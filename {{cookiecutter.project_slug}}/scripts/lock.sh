@@ -9,14 +9,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v uv >/dev/null || { echo "error: uv is not installed; pip install uv" >&2; exit 2; }
+trap 'rm -f constraints.txt.new engine-source.txt.new engine-pinned.txt.new' EXIT  # nothing left behind, even on failure
 
 # The pins of the current lock are the resolver's preferences (uv reads the output file's pins): without
 # --upgrade or --upgrade-package, an unchanged pyproject.toml gives the same lock, byte for byte.
 grep -v '^#' constraints.txt > constraints.txt.new 2>/dev/null || true
 # classifier-engine comes from where the lock says (this template's checkout, or its git commit), at the
-# version pyproject.toml pins; both lines stay in the lock.
-engine=$(grep -oE 'classifier-engine==[^"]+' pyproject.toml | head -1)
-grep -E '^classifier-engine @ ' constraints.txt > engine-source.txt.new
+# release the lock pins (pyproject.toml states the compatible range); both lines stay in the lock.
+# scripts/upgrade_engine.sh moves both.
+engine=$(grep -E '^classifier-engine==' constraints.txt | head -1)
+grep -E '^classifier-engine @ ' constraints.txt > engine-source.txt.new || true  # none: from the package index
 uv pip compile pyproject.toml --extra dev --universal --python-version 3.10 \
     --no-annotate --no-header --quiet -c engine-source.txt.new "$@" --output-file constraints.txt.new
 awk -v pin="${engine}" '/^classifier-engine @ /{print pin} {print}' constraints.txt.new > engine-pinned.txt.new
