@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -93,6 +94,10 @@ def test_the_built_wheel_passes_the_engine_suite_against_both_default_renders(ba
     (wheel,) = wheel_dir.glob("classifier_engine-*-py3-none-any.whl")
     (sdist,) = wheel_dir.glob("classifier_engine-*.tar.gz")
     assert sdist.name.removesuffix(".tar.gz") == wheel.name.split("-py3")[0]  # one version for both
+    run(sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist), cwd=tmp_path)  # as the index will
+    with tarfile.open(sdist) as archive:  # the sdist documents and checks the library: docs, changelog, tests
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"CHANGELOG.md", "SECURITY.md", "docs/tests.md", "tests/conftest.py", "benchmarks/bench_step.py"} <= names
     cifar, photos = bake(), bake(dataset="images")
     lock = without_library_source(cifar / "constraints.txt", tmp_path / "lock.txt")
     try:

@@ -19,6 +19,12 @@ from classifier_engine.machinery.console_log import REDRAWN_LINES, ConsoleLog
 from classifier_engine.machinery.divergence import DivergenceGuard
 from classifier_engine.machinery.ending import exit_status, stopped_message
 from classifier_engine.machinery.guarantees import LastCheckpoint, Safety, check_user_parts
+from classifier_engine.machinery.model_guarantees import (
+    CalibrationFit,
+    FinalValidation,
+    ScheduleResume,
+    TrainingTotalsLog,
+)
 from classifier_engine.machinery.preprocessing_record import PreprocessingRecord
 from classifier_engine.machinery.random_state import RandomState
 from classifier_engine.machinery.rank_failure import RankFailureWatch
@@ -63,11 +69,12 @@ def test_a_users_own_checkpoints_and_plugins_are_welcome():
 
 def test_the_installed_callbacks_write_last_ckpt_by_epoch_and_optionally_by_step(tmp_path):
     by_epoch = Safety().callbacks(tmp_path)
-    kinds = [RankFailureWatch, StopOnSignal, RandomState, PreprocessingRecord, DivergenceGuard, LastCheckpoint]
+    model = [CalibrationFit, TrainingTotalsLog, FinalValidation, ScheduleResume]  # what the model's promises need
+    kinds = [RankFailureWatch, StopOnSignal, RandomState, PreprocessingRecord, *model, DivergenceGuard, LastCheckpoint]
     assert [type(callback) for callback in by_epoch] == kinds
     assert by_epoch[-1].dirpath == str(tmp_path / "checkpoints") and by_epoch[-1].save_on_exception
     both = Safety(last_every_n_train_steps=50).callbacks(tmp_path)
-    assert [callback._every_n_train_steps for callback in both[5:]] == [0, 50]
+    assert [callback._every_n_train_steps for callback in both[-2:]] == [0, 50]
 
 
 def stopped(tmp_path: Path, writer: AtomicCheckpointIO, cause: signal.Signals | None) -> str:

@@ -405,3 +405,40 @@ def test_a_pack_counts_what_it_stored_and_a_bad_image_under_error_leaves_nothing
     (line,) = strict.stderr.strip().splitlines()
     assert line.startswith("error: ") and "is not a readable image" in line and "on_bad_image skip" in line
     assert not (tmp_path / "strict").exists()
+
+
+def test_pack_holds_out_what_the_project_s_own_split_holds_out(tmp_path):
+    photos = write_image_folder(tmp_path / "photos", per_class=12)
+    command = [sys.executable, str(PHOTO_ROOT / "pack.py"), "--data=own_split.LastTwoHeldOut",
+               f"--data.image_dir={photos}", "--data.image_size=32", "--data.val_fraction=0.5",
+               f"--output={tmp_path / 'packed'}"]  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((tmp_path / "packed" / "dataset.json").read_text())
+    assert record["counts"] == {"train": 30, "val": 6}  # two of each of the three classes, not half of them
+
+
+def test_the_documented_pack_then_stream_commands_work_as_written(tmp_path):
+    # docs/cluster.md and pack.py, on a folder: pack at 64 px through configs/images.yaml, then fine-tune the
+    # default network (from a weights file: no download here) on the stream.
+    from .test_finetune import default_weights
+
+    photos = write_image_folder(tmp_path / "photos", per_class=12)
+    weights = default_weights(tmp_path / "default.pth")
+    offline = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    packing = [sys.executable, str(PHOTO_ROOT / "pack.py"), "--data.image_dir", str(photos), "--data.image_size", "64",
+               "--output", str(tmp_path / "photos-64")]  # fmt: skip
+    packed = subprocess.run(packing, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env(**offline))
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    assert "at 64 px" in packed.stdout
+    result = run_cli(
+        "fit", "--config", str(PHOTO_ROOT / "configs" / "images.yaml"),
+        "--config", str(PHOTO_ROOT / "configs" / "presets" / "streaming.yaml"),
+        "--data.source", str(tmp_path / "photos-64"), f"--model.backbone.weights_path={weights}",
+        "--trainer.max_epochs=1", "--trainer.accelerator=cpu", "--data.num_workers=0",
+        "--trainer.enable_progress_bar=false",
+        cwd=tmp_path, env=offline,
+    )  # fmt: skip
+    assert "Data: " in result.stdout and "64 px" in result.stdout
+    (checkpoint,) = tmp_path.glob("runs/images/*/checkpoints/last.ckpt")
+    assert torch.load(checkpoint, weights_only=True)["preprocessing"]["interpolation"] == "bicubic"  # the weights'

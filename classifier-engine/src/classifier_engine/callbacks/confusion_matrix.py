@@ -47,9 +47,7 @@ class ConfusionMatrix(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Several labels per image have no single confusion: the report's per-class AP covers them.
         multilabel = pl_module.multilabel
-        self.metric = (
-            None if multilabel else MulticlassConfusionMatrix(len(pl_module.class_names)).to(pl_module.device)
-        )
+        self.metric = None if multilabel else MulticlassConfusionMatrix(len(pl_module.class_names)).to(pl_module.device)
 
     @override
     def on_validation_batch_end(

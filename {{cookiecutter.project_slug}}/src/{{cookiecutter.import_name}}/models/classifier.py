@@ -68,7 +68,7 @@ class ImageClassifier(L.LightningModule):
             class_counts: Training images per class, when the data knows them (linked from the data).
             task: multiclass (softmax, one label each) or multilabel (a sigmoid per class; linked from the data).
             images_counted: Training images class_counts counts (linked from the data; multi-label weights need it).
-            backbone: The network: a class taking num_classes first (models/backbones.py, or your own nn.Module).
+            backbone: The network (models/backbones.py: FastCNN, AirBench, CifarResNet; or your own nn.Module).
             label_smoothing: Label smoothing of the cross-entropy loss (multi-class).
             class_weights: Weight of each class in the loss: null (all 1), balanced (the inverse of each class's
                 share of the training images; multi-label: negatives / positives, as pos_weight) or {class: weight}.
@@ -78,7 +78,8 @@ class ImageClassifier(L.LightningModule):
             reject_with: Which score answers "unknown" (multi-class): msp (top calibrated probability), energy or none.
             keep_correct: The "unknown" threshold keeps this share of the correct validation answers.
             optimizer: Optimizer class and arguments; defaults to SGD(lr=0.1, momentum=0.9, nesterov, wd=5e-4).
-            lr_schedule: Per-step learning-rate schedule over the run (models/schedules.py; OneCycle by default).
+            lr_schedule: Per-step learning-rate schedule over the run (models/schedules.py: OneCycle, WarmupCosine,
+                Triangle, Constant; OneCycle by default).
             norm_bias_lr_scale: Learning-rate multiplier for BatchNorm shifts (their weight decay divided by it).
             backbone_lr_scale: Learning-rate multiplier for every layer but the classifier head (e.g. 0.1 to fine-tune).
             test_time_augmentation: Views averaged at validation/test/predict (models/test_time.py); none by default.
@@ -110,8 +111,7 @@ class ImageClassifier(L.LightningModule):
         self.criterion = engine.build_loss(task, loss, weights, label_smoothing)
         self.calibration = engine.Calibration(task, num_classes, reject_with, keep_correct)
         metrics = engine.evaluation_metrics(task, num_classes, imbalanced=engine.is_imbalanced(class_counts))
-        self.val_metrics = metrics.clone(prefix="val/")
-        self.test_metrics = metrics.clone(prefix="test/")
+        self.val_metrics, self.test_metrics = metrics.clone(prefix="val/"), metrics.clone(prefix="test/")
         self.example_input_array = torch.zeros(2, 3, image_size, image_size, dtype=torch.uint8)
 
     @override
