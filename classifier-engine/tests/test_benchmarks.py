@@ -13,10 +13,15 @@ import pytest
 from classifier_engine.data.cifar_format import CIFAR10
 from classifier_engine.testing.cifar_archives import write_archive
 
-from .conftest import LIBRARY_ROOT, NUM_TRAIN, PHOTO_ROOT, PROJECT_ROOT, cli_env, make_images, write_tiny_archive
+from .conftest import NUM_TRAIN, PHOTO_ROOT, PROJECT_ROOT, cli_env, make_images, write_tiny_archive
 
 # The project each benchmark measures (run from elsewhere, it is named by BENCH_PROJECT): photos or CIFAR.
 PHOTO_BENCHMARKS = {"bench_folder.py", "bench_stream.py", "bench_finetune.py"}
+
+
+def bench_command(script: str) -> list[str]:
+    """``python -m classifier_engine.bench NAME``: the benchmark as the installed library runs it."""
+    return [sys.executable, "-m", "classifier_engine.bench", script.removeprefix("bench_").removesuffix(".py")]
 
 
 def bench_env(script: str, **extra: str) -> dict[str, str]:
@@ -62,7 +67,7 @@ STEP_FIGURES = {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_pl
 )
 def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, options, keys):
     result = subprocess.run(
-        [sys.executable, str(LIBRARY_ROOT / "benchmarks" / script), "--quick", "--device", "cpu", *options],
+        [*bench_command(script), "--quick", "--device", "cpu", *options],
         cwd=tmp_path,
         env=bench_env(script),
         capture_output=True,
@@ -80,7 +85,7 @@ def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, options, 
 
 def test_the_finetune_benchmark_runs_the_default_the_plain_recipe_and_the_plain_script_and_compares_them(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(LIBRARY_ROOT / "benchmarks" / "bench_finetune.py"), "--quick", "--device", "cpu"],
+        [*bench_command("bench_finetune.py"), "--quick", "--device", "cpu"],
         cwd=tmp_path, env=bench_env("bench_finetune.py", HF_HUB_OFFLINE="1"), capture_output=True, text=True,
         timeout=900,
     )  # fmt: skip
@@ -101,7 +106,7 @@ def test_the_finetune_benchmark_runs_the_default_the_plain_recipe_and_the_plain_
 def test_inference_benchmark_measures_every_runtime_at_both_batch_sizes(tmp_path):
     write_tiny_archive(tmp_path / "data")
     result = subprocess.run(
-        [sys.executable, str(LIBRARY_ROOT / "benchmarks" / "bench_infer.py"), "--quick", "--data_dir", "data",
+        [*bench_command("bench_infer.py"), "--quick", "--data_dir", "data",
          "--model.backbone.width=8"],
         cwd=tmp_path, env=bench_env("bench_infer.py"), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -166,7 +171,7 @@ def test_recipe_benchmark_times_the_recipe_beside_an_airbench_shaped_reference(t
     shutil.copy(PROJECT_ROOT / "configs" / "cifar10_fast.yaml", tmp_path / "configs")
     options = ["--per_epoch_validation"] if per_epoch_validation else ["--reference", "airbench94.py"]
     result = subprocess.run(
-        [sys.executable, str(LIBRARY_ROOT / "benchmarks" / "bench_recipe.py"), "--quick", "--device", "cpu",
+        [*bench_command("bench_recipe.py"), "--quick", "--device", "cpu",
          "--config", "configs/cifar10_fast.yaml", "--seeds", "2", "--data_dir", "data",
          "--data.verify_checksum=false", *options],
         cwd=tmp_path, env=bench_env("bench_recipe.py", AIRBENCH_CALLS=str(tmp_path / "calls.txt")),
@@ -193,7 +198,7 @@ def test_recipe_benchmark_times_the_recipe_beside_an_airbench_shaped_reference(t
 
 def test_recipe_benchmark_refuses_a_missing_reference_in_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(LIBRARY_ROOT / "benchmarks" / "bench_recipe.py"), "--quick", "--reference", "nope.py"],
+        [*bench_command("bench_recipe.py"), "--quick", "--reference", "nope.py"],
         cwd=tmp_path, env=bench_env("bench_recipe.py"), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2 and result.stderr.startswith("error: --reference nope.py: no such file")

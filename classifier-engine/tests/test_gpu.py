@@ -4,7 +4,7 @@ The training step must not synchronise with the host (``torch.cuda.set_sync_debu
 turns any sync into an exception; ``torch.cuda.synchronize`` runs only at logging steps),
 ``data.storage: auto`` must keep the data on the GPU, ``trainer.deterministic`` must make reruns
 bit-identical, and ``trainer.sync_batchnorm`` must convert and train; each with the default config
-and the fast recipe as a user runs them (bf16, ``compile``); and ``benchmarks/bench_recipe.py
+and the fast recipe as a user runs them (bf16, ``compile``); and ``classifier_engine.bench recipe
 --quick`` runs on the GPU.
 """
 

@@ -13,7 +13,7 @@ class TrainingTotals:
     """Running sums behind ``train/loss_epoch``, ``train/top1`` and ``train/top5``.
 
     A torchmetrics update and a ``self.log`` at every step cost more than a small network's whole
-    step (``benchmarks/bench_step.py --overhead``); these are a top-k and one in-place addition on
+    step (``classifier_engine.bench step --overhead``); these are a top-k and one in-place addition on
     the device, never read on the host before the epoch ends. Their state goes into checkpoints
     (summed over ranks), so an epoch resumed in its middle still averages over all its batches.
     The sums are float64 (float32 on Apple's MPS, which lacks it), so the order in which ranks' and

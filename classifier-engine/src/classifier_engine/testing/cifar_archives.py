@@ -2,7 +2,7 @@
 
 The official batches are Python 2 pickles (protocol 2, py2 ``str`` keys and a numpy array pickled
 by numpy 1.x); ``write_archive`` writes the same bytes, so any CIFAR reader (torchvision's, the
-original Python 2 scripts, this project's) accepts what it packs. ``benchmarks/bench_data.py``
+original Python 2 scripts, this project's) accepts what it packs. ``classifier_engine.bench data``
 uses it too, for a synthetic archive where no real one is given.
 """
 

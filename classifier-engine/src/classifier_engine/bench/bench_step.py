@@ -7,8 +7,8 @@ config's callbacks (histograms, throughput, watchdog, ...; the fast recipe's loo
 TensorBoard logger. Measured interleaved (A, B, A, B) so machine noise hits both; the last line
 is one JSON object with the figures.
 
-    python benchmarks/bench_step.py [--config configs/cifar10_fast.yaml] [--device cpu|cuda] [--quick]
-    python benchmarks/bench_step.py --overhead [--device cpu|cuda]   # Lightning's own work per step, in ms
+    python -m classifier_engine.bench step [--config configs/cifar10_fast.yaml] [--device cpu|cuda] [--quick]
+    python -m classifier_engine.bench step --overhead [--device cpu|cuda]   # Lightning's own work per step, in ms
 
 ``--overhead`` runs the fast recipe on a network so small (AirBench at width 4, batch 8) that its
 arithmetic costs little, so the difference between the two loops is what Lightning, the recipe's
@@ -35,21 +35,22 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from project import (
-    PACKAGE,
-    ImageClassifier,
-    project_class,
-)
 from torch.utils.data import DataLoader, TensorDataset
 
 from classifier_engine.data.augment import BatchAugment
 from classifier_engine.data.cifar_format import CIFAR10
 from classifier_engine.machinery.cli import TrainerCLI
 
+from .project import (
+    PACKAGE,
+    ImageClassifier,
+    project_class,
+)
+
 PatchWhitening = project_class("models.backbones.PatchWhitening")
 
 WHITENING_IMAGES = 500
-from project import DEFAULT_CONFIG
+from .project import DEFAULT_CONFIG
 
 FAST_RECIPE = DEFAULT_CONFIG.parent / "cifar10_fast.yaml"
 PLAIN_SGD = {

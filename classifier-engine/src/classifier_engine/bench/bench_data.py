@@ -8,7 +8,7 @@ memory-mapped loader (0 and 2 workers) and its device-resident storage (``data.s
 the split copied to ``--device`` once, batches gathered there), and the peak resident memory of
 the memory-mapped loader with 0 and 2 workers. The last line is one JSON object with every figure.
 
-    python benchmarks/bench_data.py [--data_dir data] [--device cpu|cuda] [--quick]
+    python -m classifier_engine.bench data [--data_dir data] [--device cpu|cuda] [--quick]
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ import numpy as np
 import torch
 import torchvision
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from project import project_class
 from torch.utils.data import DataLoader
 from torchvision import transforms
+
+from .project import project_class
 
 CifarDataModule = project_class("data.CifarDataModule")
 
@@ -67,7 +68,7 @@ def peak_rss_mb() -> float:
 
 def memory_of_loader(data_dir: Path, workers: int, batch_size: int, batches: int) -> float:
     """Peak resident memory (MB) of a process that streams ``batches`` batches with ``workers`` workers."""
-    probe = [sys.executable, __file__, "--memory_probe", str(workers), "--data_dir", str(data_dir)]
+    probe = [sys.executable, "-m", __spec__.name, "--memory_probe", str(workers), "--data_dir", str(data_dir)]
     probe += ["--batch_size", str(batch_size), "--batches", str(batches)]
     return float(subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()[-1])
 

@@ -1,6 +1,6 @@
 """The default fine-tune against a plain one of the same weights, in this pipeline and in a hand-written script.
 
-    python benchmarks/bench_finetune.py --image_dir photos/ [--network NAME] [--weights_path FILE]
+    python -m classifier_engine.bench finetune --image_dir photos/ [--network NAME] [--weights_path FILE]
         [--epochs 5] [--seeds 3] [--device auto|cuda|cpu] [--quick]
 
 ``image_dir`` holds ``train/`` and ``val/`` folders of class folders (the hand-written script reads
@@ -14,7 +14,7 @@ seed run on every arm in turn:
 - **plain**: the same pipeline with PyTorch's transfer-learning tutorial's recipe: every layer trains
   from the first step with SGD at lr 0.001, momentum 0.9 and a constant rate, batch 32, plain
   cross-entropy, timm's random head, no average, the last weights evaluated on one view;
-- **script**: ``benchmarks/plain_finetune.py``, the same recipe as a timm + torchvision
+- **script**: ``classifier_engine/bench/plain_finetune.py``, the same recipe as a timm + torchvision
   ``ImageFolder`` + ``DataLoader`` script a user writes, which knows nothing of this project.
 
 It prints a table of each run's final validation top-1 and its seconds per epoch (training and
@@ -39,9 +39,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from project import PACKAGE
-from project import PROJECT_ROOT as PROJECT
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from .project import PACKAGE
+from .project import PROJECT_ROOT as PROJECT
 
 IMAGES_CONFIG = PROJECT / "configs" / "images.yaml"
 SCRIPT = Path(__file__).resolve().parent / "plain_finetune.py"

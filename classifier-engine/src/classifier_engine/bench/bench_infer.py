@@ -6,7 +6,8 @@ the project's own export path (int8: static QDQ, calibrated on 512 training imag
 round runs every runtime once, so machine noise hits all of them alike; the last line is one
 JSON object with the figures.
 
-    python benchmarks/bench_infer.py --data_dir data [--ckpt_path CKPT | --config CONFIG [options]] [--device cuda]
+    python -m classifier_engine.bench infer --data_dir data [--ckpt_path CKPT | --config CONFIG [options]]
+        [--device cuda]
 
 Without ``--ckpt_path``, the network of ``--config`` (the default config unless told otherwise)
 is measured untrained: speed does not depend on the weights.
@@ -26,19 +27,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from project import project_class
+
+from .project import project_class
 
 CifarDataModule = project_class("data.CifarDataModule")
-from project import (
-    DEFAULT_CONFIG,
-    ImageClassifier,
-)
-
 from classifier_engine.machinery.cli import TrainerCLI
 from classifier_engine.machinery.export.evaluation import onnx_predictor
 from classifier_engine.machinery.export.model_loading import load_model
 from classifier_engine.machinery.export.onnx_export import export_onnx
 from classifier_engine.machinery.export.quantize import Calibration, quantize_int8
+
+from .project import (
+    DEFAULT_CONFIG,
+    ImageClassifier,
+)
 
 Runner = Callable[[np.ndarray], object]
 

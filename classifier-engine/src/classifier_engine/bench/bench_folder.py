@@ -16,7 +16,8 @@ Writes a folder of photo-like JPEGs of mixed sizes (``--images``, 200 to 640 px)
 
 The last line is one JSON object with every figure.
 
-    python benchmarks/bench_folder.py [--images 2000] [--sizes 64 128] [--workers 2] [--device cpu|cuda] [--quick]
+    python -m classifier_engine.bench folder [--images 2000] [--sizes 64 128] [--workers 2] [--device cpu|cuda]
+        [--quick]
 """
 
 from __future__ import annotations

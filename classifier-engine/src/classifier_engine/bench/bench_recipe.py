@@ -1,6 +1,6 @@
 """The fast recipe's accuracy and time under airbench's timing rules, optionally beside airbench94's own script.
 
-    python benchmarks/bench_recipe.py [--config configs/cifar10_fast.yaml] [--seeds 5] [--device cuda|cpu]
+    python -m classifier_engine.bench recipe [--config configs/cifar10_fast.yaml] [--seeds 5] [--device cuda|cpu]
         [--data_dir data] [--reference PATH/TO/airbench94.py] [--per_epoch_validation] [--quick]
 
 Each seed trains the config once through the project's own objects (``TrainerCLI(run=False)`` and
@@ -52,16 +52,17 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from project import (
-    DEFAULT_CONFIG,
-    PROJECT_ROOT,
-    ImageClassifier,
-)
 
 from classifier_engine.data.archive import prepare
 from classifier_engine.data.cifar_format import CIFAR10
 from classifier_engine.foundation.errors import OneLineArgumentParser, exit_with
 from classifier_engine.machinery.cli import TrainerCLI
+
+from .project import (
+    DEFAULT_CONFIG,
+    PROJECT_ROOT,
+    ImageClassifier,
+)
 
 FAST_RECIPE = PROJECT_ROOT / "configs" / "cifar10_fast.yaml"
 # Two epochs of 4 batches whatever the data's size (the tests' tiny archive or the full CIFAR-10), a few evaluation

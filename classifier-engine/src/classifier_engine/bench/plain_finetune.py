@@ -1,6 +1,6 @@
 """The fine-tune a user writes by hand, outside this project: timm + torchvision ``ImageFolder`` + ``DataLoader``.
 
-    python benchmarks/plain_finetune.py --train_dir photos/train --val_dir photos/val [--network NAME]
+    python -m classifier_engine.bench.plain_finetune --train_dir photos/train --val_dir photos/val [--network NAME]
         [--weights_path FILE] [--epochs 5] [--batch_size 32] [--lr 0.001] [--seed 0]
 
 PyTorch's transfer-learning tutorial with a timm network: the weights' own transforms

@@ -1,7 +1,7 @@
 """The project a benchmark measures: the rendered project in the current folder (or ``BENCH_PROJECT``).
 
 Its ``main.py`` names the LightningModule and the default config; its package holds the networks and the
-DataModule. Run a benchmark from the project's folder: ``python <library>/benchmarks/bench_step.py``.
+DataModule. Run a benchmark from the project's folder: ``python -m classifier_engine.bench step``.
 """
 
 from __future__ import annotations

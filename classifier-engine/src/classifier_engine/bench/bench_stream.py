@@ -16,7 +16,7 @@ Rounds are interleaved (A, B, C, ...) so machine noise hits every source; median
 each rate's ratio to ImageFolder's. The server is on this machine: the figures say what litdata's
 reader and cache cost, not what a network adds. The last line is one JSON object with every figure.
 
-    python benchmarks/bench_stream.py [--images 1000] [--sizes 64 224] [--workers 2] [--quick]
+    python -m classifier_engine.bench stream [--images 1000] [--sizes 64 224] [--workers 2] [--quick]
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ import tempfile
 from pathlib import Path
 
 import torch
-from bench_folder import rate, write_photos
-from project import PROJECT_ROOT
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
 from classifier_engine.data import ImageFolderDataModule, StreamedImageDataModule
 from classifier_engine.machinery.noise import silence_known_noise
+
+from .bench_folder import rate, write_photos
+from .project import PROJECT_ROOT
 
 
 def start_store() -> tuple[object, dict[str, str]]:
