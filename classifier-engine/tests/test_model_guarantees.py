@@ -87,6 +87,7 @@ def test_training_totals_count_mixed_images_as_their_larger_share_and_a_bare_los
 
 
 @pytest.mark.slow
+@pytest.mark.every_render  # the template's CI runs it too
 def test_steps_rewritten_by_the_user_keep_exact_resume_after_sigterm_and_the_card_s_calibration(tmp_path):
     killable = "--trainer.callbacks+=engine_probes.KillAt"
     args = [*fit_args("data"), "--trainer.max_epochs=2", "--data.batch_size=8", killable]
