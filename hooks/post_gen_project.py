@@ -81,7 +81,7 @@ Rendered {ANSWERS["project_slug"]}/. Next:
     cd {ANSWERS["project_slug"]}
     python -m venv .venv && . .venv/bin/activate
     python -m pip install --upgrade "pip>=25"
-    pip install -c constraints.txt -e ".[dev]"    # CPU only: see README.md, Install
+    pip install -c constraints.txt -e ".[dev]"    # for the CPU-only lock, see README.md (Install)
     python main.py fit --config configs/{ANSWERS["dataset"]}.yaml
 """,
     file=sys.stderr,

@@ -250,10 +250,9 @@ def test_the_default_fine_tune_trains_the_head_then_everything_from_a_weights_fi
     assert len(head) == len(body) > 1 and body == pytest.approx([0.1 * lr for lr in head])
     assert 0 <= events.Scalars("train/top1")[-1].value <= 1
 
-    # The checkpoint's weights are the moving average; the training weights are kept beside them. The
-    # calibration they carry is the model's fitted one (the average's copy never fits one).
+    # The checkpoint's weights are the moving average; the training weights are kept beside them.
     averaged, trained = checkpoint["state_dict"], checkpoint["current_model_state"]
-    assert averaged["calibration._extra_state"] == checkpoint["calibration"] and checkpoint["calibration"]["fitted_on"]
+    assert checkpoint["calibration"]["fitted_on"]  # the calibration fitted on the validation images
     head_key = "backbone.network.classifier.weight"
     assert not torch.equal(averaged[head_key], trained[head_key])
     tested = run_cli("test", "--config", str(run.parents[1] / "config.yaml"), "--ckpt_path=last", cwd=tmp_path,

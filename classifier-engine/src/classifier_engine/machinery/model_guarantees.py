@@ -69,13 +69,7 @@ class CalibrationFit(L.Callback):
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        record = pl_module.calibration.record()
-        checkpoint[CALIBRATION_KEY] = record
-        # The weights a checkpoint ships may be another module's (weight averaging's copy, whose calibration was
-        # never fitted): the model's own record goes with them.
-        name = next(name for name, module in pl_module.named_modules() if module is pl_module.calibration)
-        if "state_dict" in checkpoint:
-            checkpoint["state_dict"][f"{name}._extra_state"] = record
+        checkpoint[CALIBRATION_KEY] = pl_module.calibration.record()
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:

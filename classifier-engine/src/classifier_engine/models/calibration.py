@@ -110,12 +110,12 @@ def calibration_error(probabilities: Tensor, targets: Tensor, multilabel: bool) 
 
 
 class Calibration(nn.Module):
-    """The fitted temperature, thresholds and rejection of a classifier.
+    """The fitted temperature, thresholds and rejection of a classifier (buffers outside its state_dict).
 
-    The buffers follow the model across devices. ``record()`` is the module's extra state, so it is in
-    the model's ``state_dict`` and every loader restores it (``load_from_checkpoint`` too); the checkpoint
-    also keeps it under ``"calibration"``, where the model card and checkpoints before 1.4 have it. Without
-    one (a run that has not validated yet): T = 1, thresholds 0.5, no rejection.
+    The buffers follow the model across devices; the checkpoint keeps them as ``record()`` under
+    ``"calibration"`` (a checkpoint without one, or a run that has not validated yet: T = 1,
+    thresholds 0.5, no rejection). Outside the state_dict on purpose: code that walks a state_dict
+    expects tensors only.
     """
 
     def __init__(
@@ -157,19 +157,6 @@ class Calibration(nn.Module):
     def given_labels(self, probabilities: Tensor) -> Tensor:
         """Multi-label: the (N, classes) 0/1 answer, each class at its threshold."""
         return probabilities >= self.thresholds
-
-    def get_extra_state(self) -> dict[str, Any]:
-        return self.record()
-
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        self.restore(state)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args) -> None:
-        # nn.Module's override point for loading (no public hook sees a missing key): a checkpoint before 1.4
-        # keeps the record beside the weights only, which the CLI's CalibrationFit restores; not an error here.
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
-        if prefix + "_extra_state" in missing_keys:
-            missing_keys.remove(prefix + "_extra_state")
 
     def scaling(self) -> nn.Module:
         """A module dividing logits by the temperature (this buffer, shared), for the network that is exported.

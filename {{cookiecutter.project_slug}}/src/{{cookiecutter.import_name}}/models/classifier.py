@@ -103,8 +103,7 @@ class ImageClassifier(L.LightningModule):
         # Built once against a stand-in optimizer: a bad schedule option fails now, before a run starts.
         self.lr_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 100)
         self.test_time_augmentation = test_time_augmentation or TestTimeAugmentation()
-        if channels_last:
-            self.backbone.to(memory_format=torch.channels_last)
+        self.backbone.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         self.compiled_backbone: Callable[[Tensor], Tensor] | None = None
         weights = engine.loss_weights(class_weights or ("balanced" if balanced_loss else None), self.class_names,
                                class_counts, task, images_counted)  # fmt: skip
@@ -162,10 +161,7 @@ class ImageClassifier(L.LightningModule):
 
     @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """``labels``: class indices, (N, classes) shares when the data mixes images, or multi-label 0/1 rows.
-
-        The logits returned beside the loss give the epoch's train/top1 and train/top5 (the engine sums them).
-        """
+        """Loss and logits (the engine sums train/top1 from them); labels: indices, mixed shares or 0/1 rows."""
         logits = self(batch[0])
         return {"loss": self.criterion(logits, self._targets(batch[1])), "logits": logits.detach()}
 
@@ -189,11 +185,15 @@ class ImageClassifier(L.LightningModule):
         return {"probabilities": probabilities, "answered": self.calibration.answered(logits)}
 
     @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The fitted calibration, for ``load_from_checkpoint`` outside a command too (commands restore it anyway)."""
+        self.calibration.restore(checkpoint.get("calibration"))
+
+    @override
     def configure_optimizers(self) -> dict[str, Any]:
         head = head_of(self.backbone) if self.hparams.backbone_lr_scale != 1.0 else None
         groups = engine.parameter_groups(self, head, self.hparams.norm_bias_lr_scale, self.hparams.backbone_lr_scale)
         optimizer = engine.build_optimizer(groups, self.optimizer_factory.recipe)
-        # The schedule spans all optimizer steps of the run as the trainer counts them now.
         scheduler = self.lr_schedule(optimizer, int(self.trainer.estimated_stepping_batches))
         # "name" is LearningRateMonitor's tag: train/lr, or train/lr/<group name> with several parameter groups.
         schedule = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}
