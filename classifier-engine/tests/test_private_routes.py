@@ -62,7 +62,7 @@ def test_a_fork_server_hands_its_alive_pipe_to_its_workers_where_they_close_it()
 
 def test_lightning_clis_config_reader_parser_and_seeding_keep_their_signatures():
     # machinery/cli.py reads the built config with _get and each subcommand's parser with _parser;
-    # machinery/sweeps/validate.py overrides _set_seed to parse without seeding.
+    # machinery/sweeps/validate.py and machinery/pack_command.py override _set_seed to parse without seeding.
     assert list(inspect.signature(LightningCLI._get).parameters) == ["self", "config", "key", "default"]
     assert list(inspect.signature(LightningCLI._parser).parameters) == ["self", "subcommand"]
     assert list(inspect.signature(LightningCLI._set_seed).parameters) == ["self"]
