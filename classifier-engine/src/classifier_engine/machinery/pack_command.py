@@ -127,6 +127,7 @@ def run(data: ImageFolderDataModule, options: Namespace) -> None:
         output,
         val_fraction=data.val_fraction,
         test_fraction=data.test_fraction,
+        split_seed=data.split_seed,
         split=data.split,
         images_per_item=options.images_per_item,
         workers=workers,
