@@ -70,12 +70,13 @@ def test_the_image_runs_as_a_user_with_its_folders_as_volumes():
 def see_the_packages_installed_here(site_packages: Path) -> None:
     """A new virtual environment that finds this environment's packages (the lock's), not copies of its own.
 
-    Python 3.11's venv comes with an older setuptools, which pip would replace from the index with
-    the lock's; the lock's one installed here stands in for it.
+    Python 3.11's venv comes with an older setuptools and pip, which the build would replace from the index
+    (the Dockerfile asks for pip >= 25); the ones installed here stand in for them.
     """
     (site_packages / "_installed_here.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     for bundled in [*site_packages.glob("setuptools*"), *site_packages.glob("_distutils_hack"),
-                    *site_packages.glob("distutils-precedence.pth")]:  # fmt: skip
+                    *site_packages.glob("distutils-precedence.pth"), *site_packages.glob("pip"),
+                    *site_packages.glob("pip-*.dist-info")]:  # fmt: skip
         shutil.rmtree(bundled) if bundled.is_dir() else bundled.unlink()
 
 
