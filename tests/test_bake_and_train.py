@@ -17,13 +17,17 @@ import yaml
 pytestmark = pytest.mark.slow
 
 LIBRARY = Path(__file__).resolve().parents[1] / "classifier-engine"
-# The engine's suite runs once, against the two default renders: its quick tier (every module at least once,
-# the CLI through real processes, one export registered and served) and the slow tests marked every_render:
-# the mistakes table, the faults (a full disk on a tmpfs, OOM, a killed worker, divergence), two-process DDP, a
-# signal mid-epoch resumed exactly (on the archive and on a folder of images), the Kubeflow job's command as two
-# nodes and the Dockerfile's commands. Its other slow tests (the kill-and-resume matrix, sweeps, trackers, the
-# fast recipe) run with `pytest -m slow` in classifier-engine/: here they would take CI past its time. The suite
-# has a time budget (seconds on 2 cores): a hang fails it without waiting for the CI limit.
+# The library's own suite needs no project: its quick tier runs on the built wheel alone (the reference model).
+LIBRARY_SUITE = ([], 900)
+ON_RENDERS = Path(__file__).resolve().parent / "engine_on_renders"
+# The engine's tests with the renders (tests/engine_on_renders) run once, against the two default renders: their
+# quick tier (every module at least once, the CLI through real processes, one export registered and served) and
+# the slow tests marked every_render: the mistakes table, the faults (a full disk on a tmpfs, OOM, a killed
+# worker, divergence), two-process DDP, a signal mid-epoch resumed exactly (on the archive and on a folder of
+# images), the Kubeflow job's command as two nodes and the Dockerfile's commands. Their other slow tests (the
+# kill-and-resume matrix, sweeps, trackers, the fast recipe) run with `pytest -m slow` in tests/engine_on_renders/:
+# here they would take CI past its time. Each suite has a time budget (seconds on 2 cores): a hang fails it
+# without waiting for the CI limit.
 ENGINE_SUITE = (["-m", "not slow or every_render"], 3000)
 # The only reasons a test may be skipped: no GPU, no browser for the TensorBoard pages, no mount namespace.
 ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium", "no private mount namespace")
@@ -87,8 +91,9 @@ def run_suite(folder: Path, pytest_args: list[str], budget: float, report: Path,
             assert reason.startswith(ALLOWED_SKIPS), f"{case.get('name')} was skipped: {reason}"
 
 
-def test_the_built_wheel_passes_the_engine_suite_against_both_default_renders(bake, tmp_path):
-    """The library as released (its wheel, built here) under its own tests, with the CIFAR and the photo render."""
+def test_the_built_wheel_passes_its_own_suite_alone_and_the_engine_suite_with_both_default_renders(bake, tmp_path):
+    """The library as released (its wheel, built here) under its own tests with no project installed, then with
+    the CIFAR and the photo render."""
     # The release workflow's build (.github/workflows/release-engine.yml), offline: the wheel and the sdist.
     wheel_dir = tmp_path / "dist"
     run(sys.executable, "-m", "build", "--no-isolation", "--outdir", str(wheel_dir), str(LIBRARY), cwd=tmp_path)
@@ -105,13 +110,19 @@ def test_the_built_wheel_passes_the_engine_suite_against_both_default_renders(ba
     cifar, photos = bake(), bake(dataset="images")
     lock = without_library_source(cifar / "constraints.txt", tmp_path / "lock.txt")
     try:
-        # The wheel with every extra, and both renders (their own dependencies: timm, ...) over it.
-        pip("-c", str(lock), f"{wheel}[sweep,mlflow,wandb,labels,streaming]", "-e", str(cifar), "-e", str(photos),
-            cwd=tmp_path)  # fmt: skip
+        # The wheel with every extra, alone: its suite, from the sdist's copy, sees no project.
+        pip("-c", str(lock), f"{wheel}[sweep,mlflow,wandb,labels,streaming]", cwd=tmp_path)
         installed = run(sys.executable, "-m", "pip", "show", "-f", "classifier-engine", cwd=tmp_path).stdout
         assert "Editable project location" not in installed and f"Version: {wheel.name.split('-')[1]}" in installed
+        unpacked = tmp_path / "sdist"
+        with tarfile.open(sdist) as archive:
+            archive.extractall(unpacked, filter="data")
+        (library,) = unpacked.iterdir()
+        run_suite(library, *LIBRARY_SUITE, tmp_path / "library.xml")
+        # Both renders (their own dependencies: timm, ...) over it, and the engine's suite with them.
+        pip("-c", str(lock), "-e", str(cifar), "-e", str(photos), cwd=tmp_path)
         projects = os.pathsep.join([str(cifar), str(photos)])
-        run_suite(LIBRARY, *ENGINE_SUITE, tmp_path / "engine.xml", env={"ENGINE_TEST_PROJECTS": projects})
+        run_suite(ON_RENDERS, *ENGINE_SUITE, tmp_path / "engine.xml", env={"ENGINE_TEST_PROJECTS": projects})
     finally:
         uninstall("classifier-engine", cifar.name, photos.name)
 

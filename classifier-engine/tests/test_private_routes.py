@@ -11,13 +11,12 @@ import inspect
 import lightning as L
 import pytest
 import torch
-from cifar_classifier.models import ImageClassifier
 from lightning.pytorch.cli import LightningCLI
 from torch.utils.tensorboard import SummaryWriter
 
 from classifier_engine.machinery.cli import TrainerCLI
-
-from .conftest import default_config
+from classifier_engine.testing import write_image_folder
+from classifier_engine.testing.reference import REFERENCE_CONFIG, ReferenceClassifier
 
 
 def test_the_trainer_has_the_sigterm_flag_and_the_logged_step_counter():
@@ -37,11 +36,12 @@ def test_lightning_cli_still_parses_the_checkpoint_between_parsing_and_building(
         assert callable(getattr(LightningCLI, name)) and name in TrainerCLI.__dict__
 
 
-def test_argparse_actions_and_the_file_writer_and_foreach_kernels_exist(tmp_path):
-    parser = TrainerCLI(
-        ImageClassifier, default_config=default_config(), run=False, args=["--trainer.accelerator=cpu"]
-    ).parser
-    assert any(action.dest == "model.backbone" for action in parser._actions)
+def test_argparse_actions_and_the_file_writer_and_foreach_kernels_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    photos = write_image_folder(tmp_path / "photos")
+    args = ["--trainer.accelerator=cpu", f"--data.image_dir={photos}"]
+    parser = TrainerCLI(ReferenceClassifier, default_config=REFERENCE_CONFIG, run=False, args=args).parser
+    assert any(action.dest == "model.width" for action in parser._actions)
     writer = SummaryWriter(tmp_path)
     assert callable(writer._get_file_writer().add_summary)  # callbacks/model_report.py
     writer.close()

@@ -144,7 +144,7 @@ DEFAULT_TOLERANCE, ROUNDING_MARGIN = 1e-4, 10.0
 def parity_floor(options: ExportOptions, model: ClassifierModel) -> float:
     if options.tolerance is not None:
         return 0.0
-    return ROUNDING_MARGIN * float32_error(model, model.image_size)
+    return ROUNDING_MARGIN * float32_error(model.network().eval(), model.image_size)
 
 
 def check_parity(built: Built, reference: Predictor, options: ExportOptions, image_size: int, floor: float) -> None:
@@ -159,7 +159,7 @@ def check_parity(built: Built, reference: Predictor, options: ExportOptions, ima
 
 def build(options: ExportOptions, model: ClassifierModel, data: RunData | None, staged: StagedFiles, work: Path):
     """Each artifact, staged and checked, in the order it depends on (int8 is made from the fp32 ONNX)."""
-    eager = torch_predictor(model)
+    eager = torch_predictor(model.network().eval())  # what every file computes: calibrated logits
     floor = parity_floor(options, model) if {"onnx", "pt2"} & set(options.formats) else 0.0
     built: dict[str, Built] = {}
     calibration = None
@@ -202,7 +202,9 @@ def evaluate(
     for artifact in built.values():
         artifact.logits = all_logits(artifact.predictor, images, options.eval_batch_size)
         artifact.accuracy = judge(artifact.logits, labels, thresholds)
-    return judge(all_logits(torch_predictor(model), images, options.eval_batch_size), labels, thresholds)
+    return judge(
+        all_logits(torch_predictor(model.network().eval()), images, options.eval_batch_size), labels, thresholds
+    )
 
 
 def int8_report(

@@ -13,9 +13,9 @@ INPUT_NAME, OUTPUT_NAME = "images", "logits"
 MAX_BATCH = 4096
 
 
-def dynamic_batch() -> dict[str, dict[int, torch.export.Dim]]:
-    """The one dynamic dimension of every exported graph, keyed by the forward() argument's name."""
-    return {"images": {0: torch.export.Dim("batch", min=1, max=MAX_BATCH)}}
+def dynamic_batch() -> tuple[dict[int, torch.export.Dim]]:
+    """The one dynamic dimension of every exported graph: the batch of its one input (whatever forward() calls it)."""
+    return ({0: torch.export.Dim("batch", min=1, max=MAX_BATCH)},)
 
 
 def sample_images(batch: int, seed: int = 0, size: int = 32) -> torch.Tensor:

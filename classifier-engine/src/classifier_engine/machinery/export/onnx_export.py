@@ -15,7 +15,7 @@ def export_onnx(model: ClassifierModel, output: Path, opset: int | None = None) 
     """Export the eval-mode network to ``output`` (a staged name: see staging.py) and check the file."""
     try:
         torch.onnx.export(
-            model,
+            model.network().eval(),  # the contract's inference network: calibrated logits, as the card says
             (sample_images(2, size=model.image_size),),
             str(output),
             dynamo=True,

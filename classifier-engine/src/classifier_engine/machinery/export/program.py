@@ -20,7 +20,10 @@ from .errors import ExportError
 def export_program(model: ClassifierModel, output: Path) -> None:
     """Trace the eval-mode network with a dynamic batch and save it to ``output``."""
     try:
-        program = torch.export.export(model, (sample_images(2, size=model.image_size),), dynamic_shapes=dynamic_batch())
+        network = model.network().eval()  # the contract's inference network: calibrated logits, as the card says
+        program = torch.export.export(
+            network, (sample_images(2, size=model.image_size),), dynamic_shapes=dynamic_batch()
+        )
         strip_source_locations(program)
         # Saved through a file object, the archive's root folder is torch's fixed "archive", not the file's
         # (staged, temporary) name.

@@ -7,22 +7,16 @@ contract (``classifier_engine.ClassifierModel``) is refused in one line before a
 
 from __future__ import annotations
 
-import inspect
 import json
 import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-import classifier_engine
-from classifier_engine.machinery.model_guarantees import TrainingTotalsLog
-
-from .conftest import cli_env, fit_args, only_run_dir, tree, write_tiny_archive
+from .conftest import cli_env, fit_args, only_run_dir, write_tiny_archive
 from .test_exact_resume import assert_same_run, scalars
 
 SCRIPT = Path(__file__).parent / "support" / "rewritten_model.py"
@@ -38,52 +32,6 @@ def run_as(command: str, model: str, *args: str, cwd: Path, env: dict[str, str] 
         timeout=300,
         env=cli_env(**(env or {})),
     )
-
-
-def test_every_public_name_resolves_and_says_what_it_is_for():
-    for name in classifier_engine.__all__:
-        value = getattr(classifier_engine, name)
-        if inspect.isclass(value) or inspect.isfunction(value):  # type aliases and constants aside
-            assert (value.__doc__ or "").strip(), f"classifier_engine.{name} has no docstring"
-    with pytest.raises(AttributeError, match="no attribute 'ImageClassifier'"):
-        classifier_engine.ImageClassifier  # noqa: B018  (the project's, never the library's)
-
-
-def test_a_renamed_public_name_keeps_working_with_a_warning(monkeypatch):
-    monkeypatch.setitem(classifier_engine._RENAMED, "BatchAugmentation", "BatchAugment")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert classifier_engine.BatchAugmentation is classifier_engine.BatchAugment
-    assert [w.category for w in caught] == [DeprecationWarning]
-    assert "classifier_engine.BatchAugment" in str(caught[0].message)
-
-
-def test_a_model_without_a_method_of_the_contract_is_refused_in_one_line_before_anything_is_written(tmp_path):
-    write_tiny_archive(tmp_path / "data")
-    before = tree(tmp_path)
-    result = run_as("main", "NoFeatures", *fit_args("data"), cwd=tmp_path)
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert lines == ["error: NoFeatures lacks features() of classifier_engine.ClassifierModel; "
-                     "add them (the project's models/classifier.py shows each one)"]  # fmt: skip
-    assert tree(tmp_path) == before
-
-
-def test_training_totals_count_mixed_images_as_their_larger_share_and_a_bare_loss_as_a_loss():
-    totals = TrainingTotalsLog()
-    model = SimpleNamespace(class_names=["a", "b", "c"], multilabel=False, log=lambda *args, **kwargs: None)
-    trainer = SimpleNamespace(log_every_n_steps=0, should_stop=False, global_step=1)
-    totals.setup(trainer, model, "fit")
-    shares = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.6, 0.4], [0.2, 0.0, 0.8], [1.0, 0.0, 0.0]])
-    logits = torch.tensor([[2.0, 0, 0], [0, 0, 3.0], [0, 0, 1.0], [0, 1.0, 0]])
-    totals.on_train_batch_end(trainer, model, {"loss": torch.tensor(0.5), "logits": logits}, (None, shares), 0)
-    assert totals.totals.images == 4 and int(totals.totals.sums[1]) == 2  # images 0 and 2: their larger share
-    strategy = SimpleNamespace(root_device=torch.device("cpu"), world_size=1)
-    assert set(totals.totals.means(strategy)) == {"train/loss_epoch", "train/top1", "train/top5"}
-    totals.on_train_batch_end(trainer, model, {"loss": torch.tensor(0.25)}, (None, torch.tensor([0, 1])), 1)
-    means = totals.totals.means(strategy)
-    assert set(means) == {"train/loss_epoch"}  # no logits, no accuracy to claim
-    assert float(means["train/loss_epoch"]) == pytest.approx((0.5 * 4 + 0.25 * 2) / 6)
 
 
 @pytest.mark.slow
