@@ -24,7 +24,16 @@ import pytest
 import torch
 import yaml
 
-from .conftest import PHOTO_ROOT, PROJECT_ROOT, cli_env, free_port, only_run_dir, run_cli, write_image_folder
+from .conftest import (
+    PHOTO_ROOT,
+    PROJECT_ROOT,
+    cli_env,
+    free_port,
+    images_args,
+    only_run_dir,
+    run_cli,
+    write_image_folder,
+)
 from .test_exact_resume import EXIT_STATUS, assert_same_run, kill_and_resume
 from .test_faults import one_error_line, private_mounts
 
@@ -416,6 +425,39 @@ def test_pack_holds_out_what_the_project_s_own_split_holds_out(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((tmp_path / "packed" / "dataset.json").read_text())
     assert record["counts"] == {"train": 30, "val": 6}  # two of each of the three classes, not half of them
+
+
+def test_the_project_s_own_split_and_augmentation_apply_to_packed_and_streamed_runs_alike(tmp_path):
+    # One DataModule class of the user's for every storage: memory-mapped (packed at the first fit), and streamed
+    # from a store pack.py wrote through the same class (data.source set, no class swap).
+    photos = write_image_folder(tmp_path / "photos", per_class=12)
+    own = "--data=own_split.OwnAugmentation"
+    mapped, streamed = tmp_path / "mapped", tmp_path / "streamed"
+    for root in (mapped, streamed):
+        root.mkdir()
+    fit = images_args(photos, "--trainer.max_epochs=1")
+    fit.insert(fit.index(f"--data.image_dir={photos}"), own)  # before the data options, as a config would set it
+    result = run_cli(*fit, cwd=mapped)
+    assert "30 training and 6 validation images" in result.stdout  # its split: the last two photos of each class
+    assert (mapped / "augmented-by-the-project").is_file()
+    packing = [sys.executable, str(PHOTO_ROOT / "pack.py"), own, f"--data.image_dir={photos}", "--data.image_size=32",
+               "--images_per_item=2", f"--output={streamed / 'store'}"]  # fmt: skip
+    packed = subprocess.run(packing, cwd=streamed, capture_output=True, text=True, timeout=300, env=cli_env())
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    stream = [arg for arg in fit if arg != f"--data.image_dir={photos}"]
+    stream[stream.index(own) : stream.index(own)] = [
+        "--config",
+        str(PHOTO_ROOT / "configs" / "presets" / "streaming.yaml"),
+    ]
+    result = run_cli(*stream, "--data.source=store", cwd=streamed)
+    assert "30 training images (streamed" in result.stdout and "6 validation images" in result.stdout
+    assert (streamed / "augmented-by-the-project").is_file()
+    (config,) = streamed.glob("runs/images/*/config.yaml")
+    data = yaml.safe_load(config.read_text())["data"]
+    assert data["class_path"] == "own_split.OwnAugmentation" and data["init_args"]["source"] == "store"
+    refused = subprocess.run([*packing[:-1], f"--output={tmp_path / 'again'}", "--data.source=store"], cwd=streamed,
+                             capture_output=True, text=True, timeout=300, env=cli_env())  # fmt: skip
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].startswith("error: data.source is store")
 
 
 def test_the_documented_pack_then_stream_commands_work_as_written(tmp_path):

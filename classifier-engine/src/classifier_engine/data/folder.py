@@ -1,5 +1,9 @@
 """Your own labelled images (class folders, split folders, a CSV list or arrays) on the same fast path as CIFAR.
 
+With ``source`` set, the same class streams a store ``pack.py`` wrote instead (``streamed.py``): the
+project's augmentation applies to streamed runs as to packed ones, and its ``split()`` decided what the
+pack held out.
+
 The first ``fit`` decodes every image once, at ``image_size`` by the ``resize`` rule, into a
 packed copy under ``cache_dir`` (``packing.py``); every later command reuses it until
 an image or a packing setting changes. Validation and test images are held out by a seeded
@@ -49,6 +53,10 @@ _found: dict[
 
 
 Task = Literal["auto", "multiclass", "multilabel"]
+# ImageFolderDataModule's own settings (the rest are ImageDataModule's, passed on as they are).
+FOLDER_SETTINGS = ("image_dir", "image_size", "resize", "val_fraction", "test_fraction", "split_seed", "cache_dir",
+                   "on_bad_image", "pack_workers", "class_names", "mean", "std", "interpolation", "crop_pct", "task",
+                   "allow_paths_outside", "source", "storage_options", "max_cache_size")  # fmt: skip
 
 
 def labelled_images(image_dir: str | Path, task: str = "auto", allow_outside: bool = False) -> LabelledImages:
@@ -86,12 +94,12 @@ def stratified_split(labels: np.ndarray, fractions: tuple[float, float], seed: i
 
 
 class ImageFolderDataModule(ImageDataModule):
-    """Batches of your own images as uint8 (N, 3, image_size, image_size) tensors, packed once."""
+    """Batches of your own images as uint8 (N, 3, image_size, image_size) tensors, packed once (or streamed)."""
 
     def __init__(
         self,
         image_dir: str = "data/images",
-        image_size: int = 64,
+        image_size: int | None = 64,
         resize: Resize = "crop",
         val_fraction: float = 0.1,
         test_fraction: float = 0.0,
@@ -106,6 +114,9 @@ class ImageFolderDataModule(ImageDataModule):
         crop_pct: float | None = None,
         task: Task = "auto",
         allow_paths_outside: bool = False,
+        source: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        max_cache_size: str = "50GB",
         **kwargs: Any,
     ) -> None:
         """Configure the data.
@@ -113,7 +124,8 @@ class ImageFolderDataModule(ImageDataModule):
         Args:
             image_dir: Folder of class folders (<class>/*.jpg), of train/val/test split folders, of .npy arrays
                 (images.npy, labels.npy), or a .csv list of path,label rows.
-            image_size: Side in pixels of the square images the network sees (every image is resized once, when packed).
+            image_size: Side in pixels of the square images the network sees (every image is resized once, when packed);
+                null with data.source: the size the store was packed at.
             resize: How an image becomes a square: crop (shorter side to image_size, centre cut), pad (longer side
                 to image_size, black borders) or stretch.
             val_fraction: Share of each class's training images held out for validation (when no val split is given).
@@ -137,9 +149,26 @@ class ImageFolderDataModule(ImageDataModule):
                 or auto (multilabel when a CSV gives several labels per image or one 0/1 column per class).
             allow_paths_outside: Let a .csv list name images outside its own folder (../, absolute paths, links);
                 off, such a list is refused, since a list from elsewhere could pack any file it names.
+            source: Stream a store pack.py wrote instead of packing image_dir: s3://bucket/prefix, gs://...,
+                r2://..., or a folder (its split and packing settings are the pack's; this class's augmentation
+                applies); null: image_dir, packed under cache_dir.
+            storage_options: With source: options for the store's client beyond the AWS_* variables
+                (endpoint_url, aws_access_key_id, ...), as litdata passes them.
+            max_cache_size: With source: most disk the streamed training chunks take under cache_dir (e.g. 50GB).
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
+        from .streamed import StreamedImageDataModule, streaming_class
+
+        if source is not None and not isinstance(self, StreamedImageDataModule):
+            # This very class, streaming: its methods that read data are the stream's, the rest (the project's
+            # augmentation) its own. Set before anything is built, so the object is only ever the one kind.
+            settings = {name: value for name, value in locals().items() if name in FOLDER_SETTINGS}
+            self.__class__ = streaming_class(type(self))
+            self.__init__(**settings, **kwargs)
+            return
         super().__init__(**kwargs)
+        if image_size is None:
+            raise ValueError("data.image_size: null is the packed size of a store (data.source); give image_dir's size")
         check_choice("data.resize", resize, Resize)
         check_choice("data.on_bad_image", on_bad_image, BadImagePolicy)
         check_choice("data.task", task, Task)
@@ -208,6 +237,10 @@ class ImageFolderDataModule(ImageDataModule):
     @classmethod
     def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
         """The manifest's digest (every image's path, size and time, and the packing settings): what is trained on."""
+        if settings.get("source"):
+            from .streamed import StreamedImageDataModule
+
+            return StreamedImageDataModule.data_fingerprint(settings, stage)
         if stage == "predict" and settings.get("predict_dir"):
             return f"images:{settings['predict_dir']}"
         found = labelled_images(

@@ -1,5 +1,9 @@
 """Your own images streamed to every rank from object storage (or a folder), as ``pack.py`` packed them with litdata.
 
+A project's folder DataModule streams with ``data.source`` set: ``ImageFolderDataModule`` then becomes
+``streaming_class(cls)``, its own class with this module's loaders in front, so the project's
+augmentation (``sized_augmentation``) trains the streamed run as it trains a packed one.
+
 Training streams: each rank reads its share of litdata's chunks through a local cache of bounded
 size, in litdata's seeded order of epoch e, a few images per item (``pack.py``). The held-out
 splits are small and read whole: once per machine, into the cache (``prepare_data``), then served
@@ -103,7 +107,9 @@ class StreamedImageDataModule(ImageDataModule):
             crop_pct: The evaluation crop's share the images were packed with; null: as packed (as interpolation).
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
-        super().__init__(**kwargs)
+        # Not super(): in a folder DataModule's streaming class (``streaming_class``) the next class is the folder
+        # DataModule, whose image folder a stream does not read.
+        ImageDataModule.__init__(self, **kwargs)
         if self.sampler != "shuffle":
             raise ValueError(
                 "data.sampler: balanced draws from memory-mapped images; a streamed store is read in its shuffled "
@@ -433,6 +439,42 @@ class StreamedImageDataModule(ImageDataModule):
             )
         segment = state_dict.get("segment")
         self.restored_segment = stream_position.Segment.from_dict(segment) if segment else None
+
+
+# The folder DataModule's settings a store fixed when pack.py packed it (its split, the packing), or that name the
+# folder it packed: a streaming run reads them from the store's record instead.
+PACKED_SETTINGS = ("image_dir", "resize", "val_fraction", "test_fraction", "split_seed", "on_bad_image",
+                   "pack_workers", "task", "allow_paths_outside")  # fmt: skip
+
+
+class FolderStream(StreamedImageDataModule):
+    """The front of ``streaming_class``: a folder DataModule's settings in, this module's stream out."""
+
+    image_root = None  # names in a store are relative to the folder pack.py read, which need not be here
+
+    def __init__(
+        self, source: str, cache_dir: str = "data/packed", image_size: int | None = None, **settings: Any
+    ) -> None:
+        for name in PACKED_SETTINGS:
+            settings.pop(name, None)
+        super().__init__(source=source, cache_dir=cache_dir, image_size=image_size, **settings)
+
+
+_streaming_classes: dict[type, type] = {}
+
+
+def streaming_class(folder_class: type) -> type:
+    """``folder_class`` (``ImageFolderDataModule`` or a project's subclass) reading a store rather than a folder.
+
+    Its methods that read data are this module's; the rest (``sized_augmentation``, the batch and
+    augmentation settings) are ``folder_class``'s. It keeps the name of ``folder_class``, which configs and
+    checkpoints name: built with ``data.source`` set, an instance of ``folder_class`` becomes one of this class.
+    """
+    if folder_class not in _streaming_classes:
+        namespace = {"__module__": folder_class.__module__, "__qualname__": folder_class.__qualname__,
+                     "__doc__": folder_class.__doc__}  # fmt: skip
+        _streaming_classes[folder_class] = type(folder_class.__name__, (FolderStream, folder_class), namespace)
+    return _streaming_classes[folder_class]
 
 
 class _StreamedSplit:

@@ -52,6 +52,12 @@ ADDED_SINCE_1_0: dict[str, Any] = {
     "data.init_args.task": "auto",
     "data.init_args.sampler": "shuffle",
     "data.init_args.allow_paths_outside": False,  # true is recorded: such a run read files outside its list's folder
+    "data.init_args.source": None,  # a folder DataModule packing its image_dir, as before 1.4
+}
+# Keys left out when another key is unset: they apply only beside it.
+ONLY_WITH: dict[str, str] = {
+    "data.init_args.storage_options": "data.init_args.source",  # a folder DataModule's, used only to stream
+    "data.init_args.max_cache_size": "data.init_args.source",
 }
 # Keys left out when another key, set, replaces them (what is left is what the run computes with).
 REPLACED_BY: dict[str, str] = {
@@ -89,6 +95,9 @@ def canonical_config(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_
     pruned = json.loads(json.dumps(config))
     for key, replacement in REPLACED_BY.items():
         if _value(pruned, replacement.split(".")) is not None:
+            _drop(pruned, key.split("."))
+    for key, beside in ONLY_WITH.items():
+        if _value(pruned, beside.split(".")) is None:
             _drop(pruned, key.split("."))
     for key in excluded:
         _drop(pruned, key.split("."))

@@ -100,6 +100,12 @@ class PackCLI(TrainerCLI):
                 f"pack.py packs your own images, but data.class_path is {data.class_path}; "
                 "use a config whose data is an ImageFolderDataModule (configs/images.yaml)"
             )
+        source = data.init_args.get("source") if data.get("init_args") is not None else None
+        if source:
+            raise UsageError(
+                f"data.source is {source}: a store to stream from; pack.py packs data.image_dir into --output "
+                "(leave the streaming preset and data.source out)"
+            )
         try:
             self.datamodule = instantiate_class((), data.as_dict())
         except ValueError as error:

@@ -1,7 +1,8 @@
 """Your photos: class folders (or split folders, a CSV list, arrays), packed once into memory maps.
 
-Change here how a new run splits the photos and how training batches are augmented. Packing and its
-cache, the loaders, the held-out rows a checkpoint records and exact resume are classifier_engine's
+Change here how a new run splits the photos and how training batches are augmented: packed, or streamed
+from a store ``pack.py`` wrote through this class (``data.source``), alike. Packing and its cache, streaming,
+the loaders, the held-out rows a checkpoint records and exact resume are classifier_engine's
 ``ImageFolderDataModule``, whose ``data.*`` settings this class takes as they are.
 """
 
