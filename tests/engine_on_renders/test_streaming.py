@@ -270,7 +270,7 @@ def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed)
     assert result.returncode == 0, result.stderr[-3000:]
     card = json.loads((checkpoint.parent / "export" / "model.card.json").read_text())
     assert card["evaluation"]["images"] == 24 and card["evaluation"]["split"] == "val"
-    held_out = torch.load(checkpoint, weights_only=True)["StreamedImageDataModule"]
+    held_out = torch.load(checkpoint, weights_only=True)["PhotoDataModule"]  # the project's class, streaming
     assert held_out["source"] == STORE
 
 
