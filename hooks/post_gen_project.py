@@ -1,6 +1,7 @@
 """Keep only what the answers need, point the locks at the library this template was rendered with, say what next.
 
-A photo render keeps no CIFAR file and a CIFAR render no photo-folder file. The project pins
+A photo render keeps no CIFAR file and a CIFAR render no photo-folder file: each keeps its own recipe's callbacks
+(the fine-tune's, the fast recipe's) and tests; the networks of one kind are chosen in the template itself. The project pins
 ``classifier-engine`` at this checkout's version; the two lock files also say where it comes from: this
 same checkout (offline) when the template was a local folder, else the same git commit of its repository.
 Messages go to stderr, so that tools which render the template to compare trees (``cruft diff``) print
@@ -20,8 +21,11 @@ LIBRARY = "classifier-engine"
 ABBREVIATIONS = {"gh": "https://github.com/{}.git", "gl": "https://gitlab.com/{}.git", "bb": "https://bitbucket.org/{}"}
 ONLY_FOR = {  # files of one kind of render: removed from the other
     "images": ["src/{import_name}/data/photos.py", "configs/images.yaml", "configs/presets/from_scratch.yaml",
-               "configs/presets/streaming.yaml", "pack.py", "docs/own_data.md"],
-    "cifar": ["src/{import_name}/data/cifar.py", "configs/cifar10.yaml", "configs/cifar10_fast.yaml"],
+               "configs/presets/streaming.yaml", "pack.py", "docs/own_data.md",
+               "src/{import_name}/callbacks/freeze_backbone.py", "src/{import_name}/callbacks/weight_averaging.py"],
+    "cifar": ["src/{import_name}/data/cifar.py", "configs/cifar10.yaml", "configs/cifar10_fast.yaml",
+              "src/{import_name}/callbacks/lookahead.py", "src/{import_name}/callbacks/whitening.py",
+              "tests/test_airbench.py"],
 }  # fmt: skip
 
 

@@ -83,12 +83,8 @@ COMMON_FILES = {
 PACKAGE_FILES = {
     "__init__.py",
     "callbacks/__init__.py",
-    "callbacks/freeze_backbone.py",
     "callbacks/grad_scale_watchdog.py",
     "callbacks/gradient_histograms.py",
-    "callbacks/lookahead.py",
-    "callbacks/weight_averaging.py",
-    "callbacks/whitening.py",
     "data/__init__.py",
     "models/__init__.py",
     "models/backbones.py",
@@ -105,8 +101,16 @@ ONLY_FOR = {
         "configs/presets/from_scratch.yaml",
         "configs/presets/streaming.yaml",
         "src/{package}/data/photos.py",
+        "src/{package}/callbacks/freeze_backbone.py",  # the fine-tune's parts
+        "src/{package}/callbacks/weight_averaging.py",
     },
-    "cifar": {"configs/cifar10_fast.yaml", "src/{package}/data/cifar.py"},
+    "cifar": {
+        "configs/cifar10_fast.yaml",
+        "src/{package}/data/cifar.py",
+        "src/{package}/callbacks/lookahead.py",  # the fast recipe's parts
+        "src/{package}/callbacks/whitening.py",
+        "tests/test_airbench.py",
+    },
 }
 
 
@@ -158,10 +162,10 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
     assert default["trainer"]["logger"]["init_args"]["name"] == dataset
     assert f'/ "configs" / "{dataset}.yaml"' in (project / "main.py").read_text()  # what every command starts from
     networks = {
-        ("cifar", "fastcnn"): ("FastCNN", {"width": 64}),
-        ("cifar", "resnet18"): ("CifarResNet", {"depth": 18}),
-        ("images", "fastcnn"): ("FastCNN", {"width": 64}),
-        ("images", "resnet18"): ("TorchvisionNet", {"name": "resnet18"}),
+        ("cifar", "fastcnn"): ("{package}.models.backbones.FastCNN", {"width": 64}),
+        ("cifar", "resnet18"): ("{package}.models.backbones.CifarResNet", {"depth": 18}),
+        ("images", "fastcnn"): ("{package}.models.backbones.FastCNN", {"width": 64}),
+        ("images", "resnet18"): ("classifier_engine.TorchvisionNet", {"name": "resnet18"}),
     }
     # The backbone answer is the network trained from scratch: the CIFAR configs' and the photos' from-scratch preset's.
     # The photo config itself fine-tunes the same pretrained timm network in every render.
@@ -170,10 +174,7 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
         assert default["data"]["class_path"] == f"{package}.data.PhotoDataModule"
         scratch = yaml.safe_load((project / "configs" / "presets" / "from_scratch.yaml").read_text())
         network, settings = networks["images", answers.get("backbone", "fastcnn")]
-        assert scratch["model"]["backbone"] == {
-            "class_path": f"{package}.models.backbones.{network}",
-            "init_args": settings,
-        }
+        assert scratch["model"]["backbone"] == {"class_path": network.format(package=package), "init_args": settings}
         assert default["model"]["backbone"]["class_path"] == f"{package}.models.backbones.TimmNet"
         assert default["model"]["backbone"]["init_args"]["name"] == "tf_efficientnet_lite1.in1k"
     else:
@@ -181,7 +182,7 @@ def test_render_gives_exactly_the_expected_files(bake, answers):
         assert default["data"]["init_args"]["dataset"] == dataset
         network, settings = networks["cifar", answers.get("backbone", "fastcnn")]
         assert default["model"]["backbone"] == {
-            "class_path": f"{package}.models.backbones.{network}",
+            "class_path": network.format(package=package),
             "init_args": settings,
         }
 

@@ -14,15 +14,10 @@ import pytest
 import torch
 import torchvision
 from cifar_classifier.models import ImageClassifier
-from cifar_classifier.models.backbones import (
-    AirBench,
-    CifarResNet,
-    FastCNN,
-    TorchvisionNet,
-    build_backbone,
-)
+from cifar_classifier.models.backbones import AirBench, CifarResNet, FastCNN, build_backbone
 from PIL import Image
 
+from classifier_engine import TorchvisionNet
 from classifier_engine.data import ImageFolderDataModule, packing
 from classifier_engine.data.augment import random_resized_crop
 from classifier_engine.data.errors import DataError, DataSettingError
@@ -438,7 +433,7 @@ def test_torchvisions_pretrained_weights_train_the_head_alone_first(tmp_path):
     torch.save(reference.state_dict(), tmp_path / "resnet18.pt")
     args = images_args(
         photos,
-        "--model.backbone=TorchvisionNet",
+        "--model.backbone=classifier_engine.TorchvisionNet",
         "--model.backbone.weights=null",
         f"--model.backbone.weights_path={tmp_path / 'resnet18.pt'}",
         "--data.image_size=32",

@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cifar_classifier.models.backbones import FastCNN, TimmNet, TorchvisionNet
+from cifar_classifier.models.backbones import FastCNN
+from photo_classifier.models.backbones import TimmNet
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from classifier_engine import TorchvisionNet
 from classifier_engine.models.class_activation import activation_layer, class_activation_maps
 
 from .conftest import images_args, run_cli, write_image_folder

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from classifier_engine import ConfusionMatrix, ModelReport, SampleGrid
 
-from {{ cookiecutter.import_name }}.callbacks import GradientHistograms, GradScaleWatchdog, Lookahead
+from {{ cookiecutter.import_name }}.callbacks import GradientHistograms, GradScaleWatchdog
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import FastCNN
 
@@ -188,31 +188,3 @@ def test_watchdog_stops_a_diverged_fp32_run(project_data, tmp_path):
     with pytest.raises(FloatingPointError, match="optimizer steps in a row were skipped"):
         tiny_fit(project_data, tmp_path, [watchdog], max_steps=8, optimizer=functools.partial(torch.optim.SGD, lr=1e30))
     assert watchdog.skipped_steps >= 2
-
-
-def test_lookahead_pulls_weights_to_the_slow_copy_on_its_schedule():
-    net = torch.nn.Linear(3, 2)
-    lookahead = Lookahead(every_n_steps=5, decay=0.9, power=2.0)
-    fit = SimpleNamespace(estimated_stepping_batches=20)  # the steps of the fit, read at its start
-    lookahead.on_train_start(fit, net)
-    start = net.weight.detach().clone()
-
-    def step_to(step):
-        with torch.no_grad():
-            net.weight.add_(1.0)
-        lookahead.on_train_batch_end(SimpleNamespace(global_step=step), net, None, None, 0)
-
-    step_to(4)  # not a multiple of 5: untouched
-    assert torch.allclose(net.weight, start + 1)
-    step_to(5)  # pull by 1 - 0.9**5 * (5/20)**2: the slow copy moves almost all the way
-    decay = 0.9**5 * 0.25**2
-    expected = start + (1 - decay) * 2
-    assert torch.allclose(net.weight, expected) and torch.allclose(lookahead.slow["weight"], expected)
-    slow = lookahead.slow["weight"].clone()
-    step_to(20)  # the last step: a regular pull, then the weights become the slow copy
-    decay = 0.9**5
-    assert torch.allclose(net.weight, slow + (1 - decay) * (slow + 1 - slow))
-    restored = Lookahead()
-    restored.load_state_dict(lookahead.state_dict())
-    restored.on_train_start(fit, net)
-    assert torch.equal(restored.slow["weight"], lookahead.slow["weight"])

@@ -36,6 +36,7 @@ _API: dict[str, str] = {
     "Normalize": ".models.network_parts",
     "SharedRecipe": ".models.network_parts",
     "head_input": ".models.network_parts",
+    "TorchvisionNet": ".models.torchvision_net",
     "parameter_groups": ".models.parameter_groups",
     "build_optimizer": ".models.parameter_groups",
     "check_lr_scales": ".models.parameter_groups",

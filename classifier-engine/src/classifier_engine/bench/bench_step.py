@@ -47,7 +47,10 @@ from .project import (
     project_class,
 )
 
-PatchWhitening = project_class("models.backbones.PatchWhitening")
+try:  # a data-fitted layer of the fast recipe (a CIFAR project's); a photo project has none
+    PatchWhitening: type | None = project_class("models.backbones.PatchWhitening")
+except AttributeError:
+    PatchWhitening = None
 
 WHITENING_IMAGES = 500
 from .project import DEFAULT_CONFIG
@@ -153,7 +156,7 @@ def plain_rate(args, recipe: Recipe, images, labels, steps: int) -> float:
     device = torch.device(args.device)
     model = recipe.fresh()[0]
     for layer in model.modules():  # the data-fitted start that WhiteningFit makes at fit start
-        if isinstance(layer, PatchWhitening):
+        if PatchWhitening is not None and isinstance(layer, PatchWhitening):
             layer.fit(model.normalize(images[:WHITENING_IMAGES]))
     model = model.to(device)
     model.configure_model()  # torch.compile, when the config asks for it
@@ -197,6 +200,9 @@ def main() -> None:
     parser.add_argument("--overhead", action="store_true", help="the fast recipe at width 4, batch 8: ms per step")
     args = parser.parse_args()
     if args.overhead:
+        if not FAST_RECIPE.is_file():
+            parser.exit(2, f"error: --overhead runs the fast recipe, {FAST_RECIPE.name}, which this project has not; "
+                        "run it in a CIFAR project, or leave --overhead out\n")  # fmt: skip
         args.config = FAST_RECIPE
         args.width, args.batch_size, args.warmup, args.steps, args.rounds = 4, 8, 20, 400, 5
     if args.quick:

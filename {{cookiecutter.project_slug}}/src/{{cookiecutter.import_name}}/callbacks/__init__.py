@@ -4,11 +4,18 @@ The report and observability callbacks (``EvaluationReport``, ``ConfusionMatrix`
 come from ``classifier_engine.callbacks``.
 """
 
+{% if cookiecutter.dataset == "images" -%}
 from .freeze_backbone import FreezeBackbone
 from .grad_scale_watchdog import GradScaleWatchdog
 from .gradient_histograms import GradientHistograms
-from .lookahead import Lookahead
 from .weight_averaging import EMAWeights
+
+__all__ = ["EMAWeights", "FreezeBackbone", "GradScaleWatchdog", "GradientHistograms"]
+{%- else -%}
+from .grad_scale_watchdog import GradScaleWatchdog
+from .gradient_histograms import GradientHistograms
+from .lookahead import Lookahead
 from .whitening import WhiteningFit
 
-__all__ = ["EMAWeights", "FreezeBackbone", "GradScaleWatchdog", "GradientHistograms", "Lookahead", "WhiteningFit"]
+__all__ = ["GradScaleWatchdog", "GradientHistograms", "Lookahead", "WhiteningFit"]
+{%- endif %}

@@ -1,9 +1,38 @@
-"""Networks for square images of 32 px and up: ``model.backbone`` names one by ``class_path`` (or class name).
+{% if cookiecutter.dataset == "images" %}"""Networks for your photos: ``model.backbone`` names one by ``class_path`` (or class name).
+
+Each takes ``num_classes`` first (the model passes it; the config gives the rest) and maps
+normalized (N, 3, S, S) images to (N, num_classes) logits. Any ``nn.Module`` with that
+constructor plugs in the same way, e.g. ``--model.backbone my_package.MyNet``, or
+``classifier_engine.TorchvisionNet`` for any of torchvision's networks.
+
+``TimmNet`` is any of timm's pretrained networks with a new head: the start ``configs/images.yaml``
+fine-tunes. ``FastCNN`` (three conv-pool-norm groups, GELU, a max-pooled head) trains from scratch
+(``configs/presets/from_scratch.yaml``) at any size, since it pools globally before its head.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+import torch
+from torch import Tensor, nn
+from typing_extensions import override
+
+from classifier_engine import UsageError, check_choice
+
+# What model.backbone is: a class (or function) that builds the network for a number of classes.
+BackboneFactory = Callable[[int], nn.Module]
+{% else %}"""Networks for square images of 32 px and up: ``model.backbone`` names one by ``class_path`` (or class name).
 
 Each takes ``num_classes`` first (the model passes it; the config gives the rest) and maps
 normalized (N, 3, S, S) images to (N, num_classes) logits; each pools globally before its head,
 so it takes any size S (its cost grows with S squared). Any ``nn.Module`` with that
-constructor plugs in the same way, e.g. ``--model.backbone my_package.MyNet``.
+constructor plugs in the same way, e.g. ``--model.backbone my_package.MyNet``, or
+``classifier_engine.TorchvisionNet`` for any of torchvision's networks.
 
 ``FastCNN`` follows the shape of the fastest published CIFAR-10 trainers (three
 conv-pool-norm groups, GELU, a max-pooled head): few layers, wide channels, little
@@ -17,14 +46,10 @@ the first stage still sees the full image.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlparse
 
 import torch
-import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 from typing_extensions import override
@@ -39,7 +64,7 @@ RESNET_LAYOUTS: dict[int, tuple[type[BasicBlock | Bottleneck], list[int]]] = {
     34: (BasicBlock, [3, 4, 6, 3]),
     50: (Bottleneck, [3, 4, 6, 3]),
 }
-
+{% endif %}
 
 def conv_bn(in_channels: int, out_channels: int) -> list[nn.Module]:
     return [
@@ -78,7 +103,7 @@ class FastCNN(nn.Sequential):
         )
 
 
-class PatchWhitening(nn.Conv2d):
+{% if cookiecutter.dataset != "images" %}class PatchWhitening(nn.Conv2d):
     """A 2x2 convolution whose filters whiten image patches: fitted to data once, never trained.
 
     The filters are the eigenvectors of the patch covariance scaled by 1/sqrt(eigenvalue + eps),
@@ -217,65 +242,7 @@ class CifarResNet(ResNet):
         self.maxpool = nn.Identity()
 
 
-class TorchvisionNet(nn.Module):
-    """Any torchvision classification network by name, optionally from pretrained weights, with a new head.
-
-    The network's last linear layer (its classifier head) is replaced by one for ``num_classes``;
-    everything before it keeps the weights. Pretrained weights expect ImageNet's normalization,
-    which ``ImageFolderDataModule`` uses; ``callbacks.FreezeBackbone`` trains the new head alone first.
-    """
-
-    def __init__(
-        self, num_classes: int, name: str = "resnet18", weights: str | None = None, weights_path: str | None = None
-    ) -> None:
-        """Build the network.
-
-        Args:
-            num_classes: Number of classes (given by the model).
-            name: A torchvision classification model (torchvision.models.list_models()): resnet18, resnet50,
-                efficientnet_b0, convnext_tiny, mobilenet_v3_large, vit_b_16, ...
-            weights: torchvision's pretrained weights by name (DEFAULT, IMAGENET1K_V1, ...), downloaded once into
-                torch's hub cache; none: random initialization.
-            weights_path: A local weights file (a state_dict saved with torch.save) for the unchanged network,
-                loaded before the head is replaced; for machines without network access.
-        """
-        super().__init__()
-        if name not in torchvision.models.list_models(torchvision.models):
-            raise ValueError(
-                f"model.backbone.name {name!r} is not a torchvision classification model; see "
-                "torchvision.models.list_models() (e.g. resnet18, efficientnet_b0, convnext_tiny)"
-            )
-        if weights and weights_path:
-            raise ValueError("model.backbone: give weights (a download) or weights_path (a local file), not both")
-        try:
-            network = torchvision.models.get_model(name, weights=weights)
-        except (ValueError, KeyError) as error:
-            raise ValueError(f"model.backbone.weights {weights!r} are not weights of {name} ({error})") from error
-        except OSError as error:  # no network: URLError is an OSError
-            raise ValueError(
-                f"model.backbone.weights {weights!r} of {name} could not be downloaded ({error}); download them "
-                "where there is network access and pass the file as model.backbone.weights_path"
-            ) from error
-        if weights_path:
-            network.load_state_dict(_read_weights(Path(weights_path).expanduser(), name))
-        parent_name, _, head_name = _last_linear(network).rpartition(".")
-        parent = network.get_submodule(parent_name)
-        old = getattr(parent, head_name)
-        setattr(parent, head_name, nn.Linear(old.in_features, num_classes))
-        self.network = network
-        self.head_name = f"network.{parent_name + '.' if parent_name else ''}{head_name}"
-        self.pretrained = bool(weights or weights_path)  # FreezeBackbone: a head-first phase only protects weights
-
-    @override
-    def forward(self, images: Tensor) -> Tensor:
-        return self.network(images)
-
-    def head(self) -> nn.Module:
-        """The classifier head (the new last linear layer): what trains while the rest is frozen."""
-        return self.get_submodule(self.head_name)
-
-
-DEFAULT_TIMM_NETWORK = "tf_efficientnet_lite1.in1k"
+{% else %}DEFAULT_TIMM_NETWORK = "tf_efficientnet_lite1.in1k"
 HUB_CONNECT_SECONDS = 5.0  # how long the hub may take to answer a connection before it counts as unreachable
 HeadInit = Literal["zero", "timm"]
 
@@ -376,11 +343,11 @@ class TimmNet(nn.Module):
         return self.network.get_classifier()
 
 
-def head_of(backbone: nn.Module) -> nn.Module:
+{% endif %}def head_of(backbone: nn.Module) -> nn.Module:
     """The backbone's classifier head: what its ``head()`` names, else its last linear layer.
 
-    Fine-tuning treats it apart from the pretrained body: it trains alone first (``FreezeBackbone``)
-    and at its own learning rate (``model.backbone_lr_scale``).
+    It trains at its own learning rate (``model.backbone_lr_scale``){% if cookiecutter.dataset == "images" %}, and alone
+    first while the body is pretrained (``FreezeBackbone``){% endif %}.
     """
     if callable(getattr(backbone, "head", None)):
         return backbone.head()
@@ -390,7 +357,7 @@ def head_of(backbone: nn.Module) -> nn.Module:
     return linears[-1]
 
 
-def _check_timm_name(name: str, wants_weights: bool) -> None:
+{% if cookiecutter.dataset == "images" %}def _check_timm_name(name: str, wants_weights: bool) -> None:
     """One line for a name timm does not know (with the closest it does), or one without pretrained weights."""
     import difflib
 
@@ -466,36 +433,7 @@ def _as_tuple(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value or ())
 
 
-def _last_linear(network: nn.Module) -> str:
-    names = [name for name, module in network.named_modules() if isinstance(module, nn.Linear)]
-    if not names:
-        raise ValueError(f"model.backbone: {type(network).__name__} has no linear classifier head to replace")
-    return names[-1]
-
-
-def _read_weights(path: Path, name: str) -> dict[str, Tensor]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ValueError(f"model.backbone.weights_path={path} does not exist; point it at a saved state_dict") from None
-    except Exception as error:  # a damaged or foreign file raises many types
-        raise ValueError(f"model.backbone.weights_path={path} is not a readable weights file ({error})") from error
-    state = state.get("state_dict", state) if isinstance(state, dict) else state
-    if not isinstance(state, dict) or not all(isinstance(value, Tensor) for value in state.values()):
-        raise ValueError(f"model.backbone.weights_path={path} does not hold a state_dict of tensors")
-    reference = torchvision.models.get_model(name).state_dict()
-    missing, unexpected = sorted(set(reference) - set(state)), sorted(set(state) - set(reference))
-    shapes = [key for key in reference if key in state and state[key].shape != reference[key].shape]
-    if missing or unexpected or shapes:
-        if missing or unexpected:
-            detail = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
-        else:
-            detail = f"other shapes for {shapes[:3]}"
-        raise ValueError(f"model.backbone.weights_path={path} are not weights of torchvision's {name} ({detail})")
-    return state
-
-
-def _check_width(width: int) -> None:
+{% endif %}def _check_width(width: int) -> None:
     if width < 1:
         raise ValueError(f"model.backbone.width must be a positive integer, got {width}")
 

@@ -68,7 +68,7 @@ class ImageClassifier(L.LightningModule):
             class_counts: Training images per class, when the data knows them (linked from the data).
             task: multiclass (softmax, one label each) or multilabel (a sigmoid per class; linked from the data).
             images_counted: Training images class_counts counts (linked from the data; multi-label weights need it).
-            backbone: The network (models/backbones.py: FastCNN, AirBench, CifarResNet; or your own nn.Module).
+            backbone: The network (models/backbones.py: {% if cookiecutter.dataset == "images" %}TimmNet, FastCNN{% else %}FastCNN, AirBench, CifarResNet{% endif %}; or your own nn.Module).
             label_smoothing: Label smoothing of the cross-entropy loss (multi-class).
             class_weights: Weight of each class in the loss: null (all 1), balanced (the inverse of each class's
                 share of the training images; multi-label: negatives / positives, as pos_weight) or {class: weight}.
