@@ -18,12 +18,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
+from classifier_engine.data.cifar_format import FORMATS
+from classifier_engine.testing import (  # noqa: F401  (for the tests)
+    NUM_TEST,
+    NUM_TRAIN,
+    make_images,
+    write_image_folder,
+    write_tiny_archive,
+)
 
-from classifier_engine.data.cifar_format import CIFAR10, CIFAR100, FORMATS, CifarFormat
-from classifier_engine.testing import NUM_TEST, NUM_TRAIN, make_images, write_image_folder  # noqa: F401  (for the tests)
-from classifier_engine.testing import write_tiny_archive as _write_tiny_archive
-
+# data_dir, fmt, and gpu-marked tests skipped where no CUDA device is
+pytest_plugins = ["classifier_engine.testing.fixtures"]
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE.parents[1]
 LIBRARY_ROOT = TEMPLATE / "classifier-engine"
@@ -63,33 +68,6 @@ for _path in reversed(IMPORT_PATHS):
         sys.path.insert(0, _path)
 os.environ["PYTHONPATH"] = os.pathsep.join([*IMPORT_PATHS, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 DATASET = FORMATS["cifar10"]  # the format the default config trains on
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu``-marked tests run where a CUDA device is; elsewhere they are skipped, saying why."""
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (none here)"))
-
-
-def write_tiny_archive(data_dir: Path, fmt: CifarFormat = DATASET, seed: int = 0) -> Path:
-    return _write_tiny_archive(data_dir, fmt, seed)
-
-
-@pytest.fixture(params=[CIFAR10, CIFAR100], ids=lambda fmt: fmt.name)
-def fmt(request: pytest.FixtureRequest) -> CifarFormat:
-    return request.param
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    """A data folder holding a tiny archive of the default dataset."""
-    write_tiny_archive(tmp_path / "data")
-    return tmp_path / "data"
 
 
 # Small, quiet, CPU-only settings stacked on the real config for CLI tests.

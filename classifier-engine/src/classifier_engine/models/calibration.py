@@ -158,6 +158,14 @@ class Calibration(nn.Module):
         """Multi-label: the (N, classes) 0/1 answer, each class at its threshold."""
         return probabilities >= self.thresholds
 
+    def answers(self, logits: Tensor) -> dict[str, Tensor]:
+        """What ``predict`` writes of a batch: the calibrated probabilities, and which images get an answer
+        (``answered``; multi-label: which labels each gets, ``labels``)."""
+        probabilities = self.probabilities(logits)
+        if self.multilabel:
+            return {"probabilities": probabilities, "labels": self.given_labels(probabilities)}
+        return {"probabilities": probabilities, "answered": self.answered(logits)}
+
     def scaling(self) -> nn.Module:
         """A module dividing logits by the temperature (this buffer, shared), for the network that is exported.
 

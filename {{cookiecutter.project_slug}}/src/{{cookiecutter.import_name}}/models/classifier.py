@@ -178,11 +178,7 @@ class ImageClassifier(L.LightningModule):
     @override
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         """Calibrated probabilities, and which images get an answer (multi-label: which labels each gets)."""
-        logits = self.evaluate(batch[0])
-        probabilities = self.calibration.probabilities(logits)
-        if self.multilabel:
-            return {"probabilities": probabilities, "labels": self.calibration.given_labels(probabilities)}
-        return {"probabilities": probabilities, "answered": self.calibration.answered(logits)}
+        return self.calibration.answers(self.evaluate(batch[0]))
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
