@@ -203,7 +203,7 @@ FAST += ["--model.backbone.width=8"]
 FAST += ["--trainer.precision=32-true"]
 # (Constant has nothing to stretch; OneCycle, the default, is extended under the debug preset.)
 EXTENSIONS = [
-    pytest.param("WarmupCosine", [], id="warmup_cosine"),
+    pytest.param("photo_classifier.models.schedules.WarmupCosine", [], id="warmup_cosine"),  # the photo render's
     pytest.param("Triangle", [], id="triangle"),
     pytest.param(
         "OneCycle", ["--config", "configs/presets/debug.yaml", "--trainer.limit_train_batches=6"], id="debug-preset"

@@ -1,4 +1,5 @@
-from functools import partial
+{% if cookiecutter.dataset == "images" %}import math
+{% endif %}from functools import partial
 
 import lightning as L
 import pytest
@@ -9,8 +10,8 @@ from classifier_engine import model_guarantees
 
 from {{ cookiecutter.import_name }}.models import ImageClassifier
 from {{ cookiecutter.import_name }}.models.backbones import FastCNN, head_of
-from {{ cookiecutter.import_name }}.models.schedules import Triangle, triangle
-from {{ cookiecutter.import_name }}.models.test_time import Flip, FlipTranslate
+from {{ cookiecutter.import_name }}.models.schedules import {% if cookiecutter.dataset == "images" %}WarmupCosine, warmup_cosine{% else %}Triangle, triangle{% endif %}
+from {{ cookiecutter.import_name }}.models.test_time import Flip{% if cookiecutter.dataset != "images" %}, FlipTranslate{% endif %}
 
 TINY_FASTCNN = partial(FastCNN, width=4)
 
@@ -31,27 +32,44 @@ def test_test_time_augmentation_averages_the_published_views():
 
     with torch.no_grad():
         assert torch.equal(plain.evaluate(images), plain(images))
+{%- if cookiecutter.dataset == "images" %}
+        for views, expected in [(Flip(), with_mirror(x))]:
+{%- else %}
         padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
         shifted = with_mirror(padded[..., :32, :32]) + with_mirror(padded[..., 2:, 2:])
         for views, expected in [(Flip(), with_mirror(x)), (FlipTranslate(), 0.5 * with_mirror(x) + 0.25 * shifted)]:
+{%- endif %}
             plain.test_time_augmentation = views
             assert torch.allclose(plain.evaluate(images), expected, atol=1e-5)
             assert torch.equal(plain.evaluate(images, all_views=False), plain(images))
 
 
+{% if cookiecutter.dataset == "images" -%}
+def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_warmup_cosine_schedule():
+    schedule = partial(WarmupCosine, warmup_fraction=0.25)
+{%- else -%}
 def test_batchnorm_shifts_get_the_scaled_learning_rate_and_the_triangle_schedule():
     schedule = partial(Triangle, warmup_fraction=0.25)
+{%- endif %}
     model = ImageClassifier(num_classes=10, backbone=TINY_FASTCNN, norm_bias_lr_scale=64.0, lr_schedule=schedule)
     model.trainer = L.Trainer(accelerator="cpu", max_steps=100, logger=False)  # the schedule spans its 100 steps
     setup = model.configure_optimizers()
     others, shifts = setup["optimizer"].param_groups
     norms = [module.bias for module in model.modules() if isinstance(module, torch.nn.BatchNorm2d)]
     assert {id(p) for p in shifts["params"]} == {id(p) for p in norms}
-    assert shifts["lr"] == pytest.approx(others["lr"] * 64) == pytest.approx(0.1 * 64 * 0.2)
     assert shifts["weight_decay"] == pytest.approx(others["weight_decay"] / 64)
+{%- if cookiecutter.dataset == "images" %}
+    assert shifts["lr"] == pytest.approx(others["lr"] * 64) == pytest.approx(0.1 * 64 / 25)  # the first warm-up step
+    factor = warmup_cosine(100, 25)
+    assert [factor(0), factor(25), factor(100)] == pytest.approx([1 / 25, 1.0, 0.0])
+    assert factor(10) == pytest.approx((1 + 10 * 24 / 25) / 25)
+    assert factor(60) == pytest.approx(0.5 * (1 + math.cos(math.pi * 35 / 75)))
+{%- else %}
+    assert shifts["lr"] == pytest.approx(others["lr"] * 64) == pytest.approx(0.1 * 64 * 0.2)
     factor = triangle(100, 25, start=0.2, end=0.07)
     assert [factor(0), factor(25), factor(100)] == pytest.approx([0.2, 1.0, 0.07])
     assert factor(10) == pytest.approx(0.2 + 0.8 * 10 / 25) and factor(60) == pytest.approx(1 - 0.93 * 35 / 75)
+{%- endif %}
 
 
 def test_the_pretrained_body_gets_its_own_learning_rate_and_the_head_the_full_one():
@@ -78,8 +96,8 @@ def test_a_training_step_takes_mixed_labels_and_returns_its_logits_for_the_train
     assert torch.allclose(step["logits"], logits) and not step["logits"].requires_grad
 
 
-class RecordedViews(FlipTranslate):
-    """FlipTranslate that notes each time all of its views are spent."""
+class RecordedViews(Flip):
+    """Flip that notes each time all of its views are spent."""
 
     def __init__(self, during_fit="final"):
         super().__init__(during_fit)

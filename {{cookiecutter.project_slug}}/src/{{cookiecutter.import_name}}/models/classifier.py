@@ -78,8 +78,8 @@ class ImageClassifier(L.LightningModule):
             reject_with: Which score answers "unknown" (multi-class): msp (top calibrated probability), energy or none.
             keep_correct: The "unknown" threshold keeps this share of the correct validation answers.
             optimizer: Optimizer class and arguments; defaults to SGD(lr=0.1, momentum=0.9, nesterov, wd=5e-4).
-            lr_schedule: Per-step learning-rate schedule over the run (models/schedules.py: OneCycle, WarmupCosine,
-                Triangle, Constant; OneCycle by default).
+            lr_schedule: Per-step learning-rate schedule over the run (models/schedules.py: OneCycle, {% if cookiecutter.dataset == "images" %}WarmupCosine{% else %}Triangle{% endif %},
+                Constant; OneCycle by default).
             norm_bias_lr_scale: Learning-rate multiplier for BatchNorm shifts (their weight decay divided by it).
             backbone_lr_scale: Learning-rate multiplier for every layer but the classifier head (e.g. 0.1 to fine-tune).
             test_time_augmentation: Views averaged at validation/test/predict (models/test_time.py); none by default.

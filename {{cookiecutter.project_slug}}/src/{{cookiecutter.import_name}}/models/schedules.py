@@ -13,8 +13,8 @@ with an unchanged config follows exactly the same values as an uninterrupted one
 
 from __future__ import annotations
 
-import math
-import warnings
+{% if cookiecutter.dataset == "images" %}import math
+{% endif %}import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +93,7 @@ class OneCycle(Replanned, OneCycleLR):
         return self.total_steps  # OneCycleLR refuses steps beyond its plan; a shortened run stops there
 
 
-class WarmupCosine(PlannedLambdaLR):
+{% if cookiecutter.dataset == "images" %}class WarmupCosine(PlannedLambdaLR):
     """Linear warm-up from lr/warmup_steps to lr, then a cosine to 0 at the last step."""
 
     def __init__(self, optimizer: Optimizer, total_steps: int, warmup_fraction: float = 0.2) -> None:
@@ -108,7 +108,7 @@ class WarmupCosine(PlannedLambdaLR):
         super().__init__(optimizer, warmup_cosine(total_steps, int(warmup_fraction * total_steps)))
 
 
-class Triangle(PlannedLambdaLR):
+{% endif %}{% if cookiecutter.dataset != "images" %}class Triangle(PlannedLambdaLR):
     """Linear from start_factor x lr up to lr, then linear down to end_factor x lr at the last step (airbench)."""
 
     def __init__(
@@ -133,7 +133,7 @@ class Triangle(PlannedLambdaLR):
         super().__init__(optimizer, factor)
 
 
-class Constant(PlannedLambdaLR):
+{% endif %}class Constant(PlannedLambdaLR):
     """The optimizer's learning rate at every step."""
 
     def __init__(self, optimizer: Optimizer, total_steps: int) -> None:
@@ -151,7 +151,7 @@ def _check_fraction(warmup_fraction: float) -> None:
         raise ValueError(f"model.lr_schedule.warmup_fraction must be in [0, 1), got {warmup_fraction}")
 
 
-def triangle(total_steps: int, peak_step: int, start: float, end: float) -> Callable[[int], float]:
+{% if cookiecutter.dataset != "images" %}def triangle(total_steps: int, peak_step: int, start: float, end: float) -> Callable[[int], float]:
     """Factor per step: linear from ``start`` to 1 at ``peak_step``, then to ``end`` at the last step."""
 
     def factor(step: int) -> float:
@@ -162,7 +162,7 @@ def triangle(total_steps: int, peak_step: int, start: float, end: float) -> Call
     return factor
 
 
-def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+{% endif %}{% if cookiecutter.dataset == "images" %}def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
     """Factor per step: linear from 1/warmup_steps to 1, then a cosine to 0 at the last step."""
 
     def factor(step: int) -> float:
@@ -174,5 +174,5 @@ def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]
     return factor
 
 
-def constant(step: int) -> float:
+{% endif %}def constant(step: int) -> float:
     return 1.0

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Literal
 
 import lightning as L
-import torch
+{% if cookiecutter.dataset != "images" %}import torch
 import torch.nn.functional as F
-from torch import Tensor
+{% endif %}from torch import Tensor
 
 from classifier_engine import check_choice
 
@@ -52,7 +52,7 @@ class Flip(TestTimeAugmentation):
 
     def __call__(self, network: Network, images: Tensor) -> Tensor:
         return 0.5 * network(images) + 0.5 * network(images.flip(-1))
-
+{% if cookiecutter.dataset != "images" %}
 
 class FlipTranslate(Flip):
     """airbench94's six views: the mirror pair, weighted 1/2, and the pairs shifted one pixel up-left and down-right."""
@@ -64,3 +64,4 @@ class FlipTranslate(Flip):
         mirrored = super().__call__
         shifted_logits = torch.stack([mirrored(network, view) for view in shifted]).mean(0)
         return 0.5 * mirrored(network, images) + 0.5 * shifted_logits
+{% endif %}
