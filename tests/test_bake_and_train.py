@@ -103,10 +103,11 @@ def test_the_built_wheel_passes_its_own_suite_alone_and_the_engine_suite_with_bo
     run(sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist), cwd=tmp_path)  # as the index will
     with tarfile.open(sdist) as archive:  # the sdist documents and checks the library: docs, changelog, tests
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {"CHANGELOG.md", "SECURITY.md", "docs/tests.md", "tests/conftest.py"} <= names
+    assert {"CHANGELOG.md", "SECURITY.md", "src/classifier_engine/docs/tests.md", "tests/conftest.py"} <= names
     with zipfile.ZipFile(wheel) as archive:  # the benchmarks ship with the library: python -m classifier_engine.bench
         shipped = set(archive.namelist())
     assert {"classifier_engine/bench/bench_step.py", "classifier_engine/bench/gpu_figures.sh"} <= shipped
+    assert {"classifier_engine/docs/design.md", "classifier_engine/docs/tests.md"} <= shipped  # python -m ...docs
     cifar, photos = bake(), bake(dataset="images")
     lock = without_library_source(cifar / "constraints.txt", tmp_path / "lock.txt")
     try:
