@@ -1,9 +1,10 @@
 """Keep only what the answers need, point the locks at the library this template was rendered with, say what next.
 
-A photo render keeps no CIFAR file and a CIFAR render no photo-folder file: each keeps its own recipe's callbacks
-(the fine-tune's, the fast recipe's) and tests; the networks of one kind are chosen in the template itself. The project pins
-``classifier-engine`` at this checkout's version; the two lock files also say where it comes from: this
-same checkout (offline) when the template was a local folder, else the same git commit of its repository.
+A photo render keeps no CIFAR file and a CIFAR render no photo-folder file: each keeps its own recipe's
+callbacks (the fine-tune's, the fast recipe's) and tests; the networks of one kind are chosen in the template
+itself. The project pins ``classifier-engine`` at this checkout's version; the two lock files also say where it
+comes from: this same checkout (offline) when the template was a local folder, else the same git commit of its
+repository.
 Messages go to stderr, so that tools which render the template to compare trees (``cruft diff``) print
 only the difference on stdout.
 """
