@@ -39,7 +39,7 @@ from .test_faults import one_error_line, private_mounts
 
 pytest.importorskip("litdata")
 pytest.importorskip("moto")
-pytestmark = [pytest.mark.slow, pytest.mark.every_render]  # all in CI's tier too
+pytestmark = pytest.mark.slow  # CI's tier: those marked every_render (the others run with -m slow)
 
 CLASSES = ("ant", "bee", "wasp")
 PER_CLASS = 32  # 96 photos: 72 train, 24 validation
@@ -153,6 +153,7 @@ def reference(packed, tmp_path_factory):
     return root, args
 
 
+@pytest.mark.every_render
 def test_two_packing_processes_fill_the_bucket_with_every_photo_once(packed):
     root, env = packed
     import boto3
@@ -170,6 +171,7 @@ def test_two_packing_processes_fill_the_bucket_with_every_photo_once(packed):
     assert again.returncode == 0, again.stderr[-2000:]
 
 
+@pytest.mark.every_render
 def test_two_ranks_stream_disjoint_shards_covering_the_training_photos(reference):
     root, _ = reference
     records = probe_records(root)
@@ -185,8 +187,10 @@ def test_two_ranks_stream_disjoint_shards_covering_the_training_photos(reference
 
 @pytest.mark.parametrize(
     ("kill", "extra"),
-    [("train_batch:1:2@SIGTERM", ()), ("train_batch:1:2", ("--safety.last_every_n_train_steps=1",))],
-    ids=["sigterm", "kill-9-after-a-step-checkpoint"],
+    [
+        pytest.param("train_batch:1:2@SIGTERM", (), id="sigterm", marks=pytest.mark.every_render),
+        pytest.param("train_batch:1:2", ("--safety.last_every_n_train_steps=1",), id="kill-9-after-a-step-checkpoint"),
+    ],
 )
 def test_a_streamed_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(
     reference, packed, tmp_path, kill, extra
@@ -241,6 +245,7 @@ def test_stopped_on_two_ranks_resumed_on_one_each_image_of_the_epoch_is_trained_
     assert len(after["ids"]["2"]) == len(set(after["ids"]["2"])) == 64  # the next epoch, laid out for one rank
 
 
+@pytest.mark.every_render
 def test_reading_the_store_leaves_the_run_s_random_state_as_it_found_it(packed, tmp_path, monkeypatch):
     """Store clients draw from Python's global random (s3transfer's temporary names) whenever a cache misses."""
     import random
@@ -259,6 +264,7 @@ def test_reading_the_store_leaves_the_run_s_random_state_as_it_found_it(packed, 
     assert data.training_sample(4).shape[0] == 4 and random.getstate() == before
 
 
+@pytest.mark.every_render
 def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed):
     root, _ = reference
     _, env = packed
@@ -274,6 +280,7 @@ def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed)
     assert held_out["source"] == STORE
 
 
+@pytest.mark.every_render
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
@@ -319,6 +326,7 @@ def set_key_checks(env: dict[str, str], after: str) -> None:
         assert response.status == 200
 
 
+@pytest.mark.every_render
 def test_a_cache_disk_without_room_for_the_held_out_images_is_one_line_and_nothing_is_written(packed, tmp_path):
     mounts = private_mounts()
     if mounts is None:
@@ -371,6 +379,7 @@ def test_a_store_that_stops_answering_mid_run_ends_every_rank_in_one_line(tmp_pa
     assert f"{last.relative_to(tmp_path)} holds step {torch.load(last, weights_only=True)['global_step']}" in line
 
 
+@pytest.mark.every_render
 def test_packing_into_a_missing_bucket_is_one_line(store):
     root, env = store
     result = pack(root, env, "--output=s3://no-such-bucket/x")
@@ -378,6 +387,7 @@ def test_packing_into_a_missing_bucket_is_one_line(store):
     assert result.stderr.strip().splitlines()[-1].startswith("error: ") and "does not exist" in result.stderr
 
 
+@pytest.mark.every_render
 def test_a_pack_counts_what_it_stored_and_a_bad_image_under_error_leaves_nothing(tmp_path):
     photos = write_image_folder(tmp_path / "photos", ("cat", "dog"), per_class=14)
     for name in ("cat/broken.jpg", "dog/empty.png"):
@@ -416,6 +426,7 @@ def test_a_pack_counts_what_it_stored_and_a_bad_image_under_error_leaves_nothing
     assert not (tmp_path / "strict").exists()
 
 
+@pytest.mark.every_render
 def test_pack_holds_out_what_the_project_s_own_split_holds_out(tmp_path):
     photos = write_image_folder(tmp_path / "photos", per_class=12)
     command = [sys.executable, str(PHOTO_ROOT / "pack.py"), "--data=own_split.LastTwoHeldOut",
@@ -427,6 +438,7 @@ def test_pack_holds_out_what_the_project_s_own_split_holds_out(tmp_path):
     assert record["counts"] == {"train": 30, "val": 6}  # two of each of the three classes, not half of them
 
 
+@pytest.mark.every_render
 def test_the_project_s_own_split_and_augmentation_apply_to_packed_and_streamed_runs_alike(tmp_path):
     # One DataModule class of the user's for every storage: memory-mapped (packed at the first fit), and streamed
     # from a store pack.py wrote through the same class (data.source set, no class swap).
@@ -460,6 +472,7 @@ def test_the_project_s_own_split_and_augmentation_apply_to_packed_and_streamed_r
     assert refused.returncode != 0 and refused.stderr.strip().splitlines()[-1].startswith("error: data.source is store")
 
 
+@pytest.mark.every_render
 def test_the_documented_pack_then_stream_commands_work_as_written(tmp_path):
     # docs/cluster.md and pack.py, on a folder: pack at 64 px through configs/images.yaml, then fine-tune the
     # default network (from a weights file: no download here) on the stream.
