@@ -482,3 +482,22 @@ def test_every_config_a_render_s_docs_name_is_in_that_render(bake, dataset):
     assert len(named) > 5
     missing = sorted(f"{page}: {path}" for page, path in named if not (project / path).is_file())
     assert missing == []
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "images"])
+def test_every_library_page_a_render_s_docs_point_to_is_installed_with_the_library(bake, dataset):
+    """A render's page hands its depth to ``python -m classifier_engine.docs PAGE``: that page must exist,
+    and it must read for any project (no template syntax, no page of a render linked as if beside it)."""
+    project = bake(dataset=dataset)
+    library_docs = TEMPLATE / "classifier-engine" / "src" / "classifier_engine" / "docs"
+    texts = [(project / "README.md").read_text(), *(page.read_text() for page in (project / "docs").glob("*.md"))]
+    pointed = {name for text in texts for name in re.findall(r"python -m classifier_engine\.docs\s+(\w+)", text)}
+    assert {"runs", "cluster", "shipping", "report", "benchmarks"} <= pointed
+    assert sorted(name for name in pointed if not (library_docs / f"{name}.md").is_file()) == []
+    render_pages = {page.name for page in (project / "docs").glob("*.md")}
+    for page in library_docs.glob("*.md"):
+        text = page.read_text()
+        assert "{{" not in text and "{%" not in text, page.name
+        links = set(re.findall(r"\]\(([\w-]+\.md)", text))
+        assert sorted(link for link in links if not (library_docs / link).is_file()) == [], page.name
+    assert render_pages >= {"runs.md", "cluster.md", "shipping.md", "report.md", "benchmarks.md"}
