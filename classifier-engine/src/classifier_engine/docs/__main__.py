@@ -25,4 +25,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:  # the reader stopped early (``| head``): nothing left to say
+        sys.stderr.close()

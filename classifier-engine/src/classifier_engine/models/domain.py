@@ -1,0 +1,80 @@
+"""How unlike the training images an image is, on the network's own penultimate features.
+
+A classifier's logits say how sure it is between its classes, not whether the image is of their kind at
+all: a two-class head trained on ants and bees is confident on a photo of a handwritten digit, because
+that photo lands far from the boundary between the two. The features the head reads (the contract's
+``features()``) do place a digit far from every ant and bee.
+
+The shipped score is the distance to the k-th nearest training image after L2 normalization (Sun et al.,
+"Out-of-distribution detection with deep nearest neighbors", ICML 2022): it assumes nothing of the feature
+distribution, needs no class to be a Gaussian, and works alike for one label or several per image. Its
+sign is flipped (higher: more like the training images), as the logit scores ``msp`` and ``energy`` are.
+
+The bank of training features is what the checkpoint keeps: fp16, at most ``BANK_BYTES``, drawn with a
+fixed seed where the training images are more. Sun et al. keep most of the score's power with a random
+1% of ImageNet, scaling k with the share kept (k = 1000 on all of ImageNet, 10 on 1%; 50 on CIFAR-10's
+50,000 images): ``neighbours()`` follows that rule, one neighbour per thousand bank images, at least one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+DomainScore = Literal["knn", "energy", "msp", "none"]
+DOMAIN_SCORES: tuple[str, ...] = ("knn", "energy", "msp")
+BANK_BYTES = 20 * 2**20  # the checkpoint's bank of training features, at most (fp16)
+BANK_IMAGES = 5000  # training images whose features are computed after each validation, at most
+BANK_SEED = 0
+
+
+def bank_capacity(dimension: int, images: int = BANK_IMAGES) -> int:
+    """How many fp16 feature rows of ``dimension`` the bank keeps: within ``BANK_BYTES`` and ``images``."""
+    return max(1, min(images, BANK_BYTES // (2 * max(dimension, 1))))
+
+
+def neighbours(bank_size: int) -> int:
+    """k of the k-th nearest neighbour for a bank of this size (Sun et al.'s k per share of the training set)."""
+    return max(1, min(bank_size, round(bank_size / 1000)))
+
+
+def normalized_bank(features: Tensor) -> Tensor:
+    """Training features as the bank keeps them: L2-normalized rows, fp16, on the CPU."""
+    return torch.nn.functional.normalize(features.detach().float(), dim=1).half().cpu()
+
+
+def knn_scores(features: Tensor, bank: Tensor, k: int | None = None, chunk: int = 1024) -> Tensor:
+    """Minus the Euclidean distance from each L2-normalized feature row to its k-th nearest bank row.
+
+    On unit vectors the distance is ``sqrt(2 - 2 cos)``, so the k-th nearest is the k-th largest cosine:
+    one matrix product per ``chunk`` rows, never an (N, bank) matrix larger than that.
+    """
+    if not len(bank):
+        return torch.zeros(len(features), device=features.device)
+    k = neighbours(len(bank)) if k is None else max(1, min(k, len(bank)))
+    unit = torch.nn.functional.normalize(features.float(), dim=1)
+    bank = bank.to(device=features.device, dtype=torch.float32)
+    scores = []
+    for start in range(0, len(unit), chunk):
+        cosine = unit[start : start + chunk] @ bank.T
+        kth = cosine.topk(k, dim=1).values[:, -1]
+        scores.append(-(2 - 2 * kth).clamp_min(0).sqrt())
+    return torch.cat(scores) if scores else torch.zeros(0, device=features.device)
+
+
+def keeping_threshold(scores: Tensor, keep: float) -> float:
+    """The threshold (``score >= t`` is in the domain) that keeps ``keep`` of these images.
+
+    Halfway between the last image kept and the first one left out, so a runtime that computes the score
+    a hair differently answers the same.
+    """
+    ordered = torch.sort(scores.double()).values
+    if not len(ordered) or keep >= 1:
+        return -math.inf
+    drop = math.floor(round((1 - keep) * len(ordered), 9))
+    if drop == 0:
+        return float(ordered[0]) - 1e-6
+    return (float(ordered[drop - 1]) + float(ordered[drop])) / 2
