@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from classifier_engine.data.cifar_format import FORMATS
 from classifier_engine.testing import (  # noqa: F401  (for the tests)
     NUM_TEST,
@@ -64,3 +66,15 @@ def only_run_dir(root: Path) -> Path:
     runs = [p.parent for p in root.glob("runs/*/*/config.yaml")]
     assert len(runs) == 1, runs
     return runs[0]
+
+
+FIT = ["fit", "--data.image_dir=photos", "--trainer.callbacks+=probes.SignalAt"]
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> Path:
+    """A folder of 72 photos of 3 classes and one finished 2-epoch fit of the reference model on them."""
+    root = tmp_path_factory.mktemp("reference")
+    write_image_folder(root / "photos")
+    reference(*FIT, cwd=root)
+    return root

@@ -7,31 +7,20 @@ smallest model that keeps the contract.
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
-import pytest
 import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from classifier_engine.testing.reference import ReferenceClassifier
 
-from .conftest import only_run_dir, reference, tree, write_image_folder
-
-FIT = ["fit", "--data.image_dir=photos", "--trainer.callbacks+=probes.SignalAt"]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """A folder of 72 photos of 3 classes and one finished 2-epoch fit of the reference model on them."""
-    root = tmp_path_factory.mktemp("reference")
-    write_image_folder(root / "photos")
-    reference(*FIT, cwd=root)
-    return root
+from .conftest import FIT, only_run_dir, reference, tree, write_image_folder
 
 
 def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -45,6 +34,11 @@ def test_a_fit_keeps_the_calibration_and_the_preprocessing_in_its_checkpoint(tra
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["calibration"]["fitted_on"]["images"] == 18  # a quarter of each class, validated on
     assert checkpoint["preprocessing"]["image_size"] == 32
+    bank = checkpoint["domain_bank"]  # every training image's features (54: within the bound), fp16
+    assert bank.dtype == torch.float16 and bank.shape == (54, 32)
+    assert (
+        checkpoint["calibration"]["domain"]["score"] == "knn" and checkpoint["calibration"]["domain"]["neighbours"] == 1
+    )
     assert checkpoint["hyper_parameters"]["class_names"] == ["cat", "dog", "fish cake"]  # linked from the data
     logged = scalars(run_dir)
     assert {"train/loss_epoch", "train/top1", "val/top1", "val/ece"} <= logged.keys()  # the installed totals
@@ -68,6 +62,7 @@ def test_a_sigterm_mid_epoch_stops_with_a_checkpoint_and_the_resumed_run_ends_as
                     strict=True):  # fmt: skip
         assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
     assert first["calibration"] == second["calibration"]
+    assert torch.equal(first["domain_bank"], second["domain_bank"])  # the "unknown" score's training features
     assert scalars(expected) == scalars(actual)  # every logged number, the stopped epoch's included
 
 
@@ -78,8 +73,9 @@ def test_test_and_predict_write_the_report_and_the_answers(trained):
     assert "fish cake" in report.read_text()
     reference("predict", "--config", str(run_dir / "config.yaml"), "--ckpt_path=last", cwd=trained)
     (predictions,) = run_dir.glob("predict/*/predictions.csv")
-    rows = predictions.read_text().splitlines()
-    assert rows[0] == "image,predicted,probability,top5" and len(rows) == 1 + 18
+    rows = list(csv.DictReader(predictions.read_text().splitlines()))
+    assert list(rows[0]) == ["image", "predicted", "probability", "unknown_because", "score", "top5"]
+    assert len(rows) == 18 and all(float(row["score"]) <= 0 for row in rows)  # minus a distance: knn, the default
 
 
 def test_the_export_computes_what_the_model_computes_and_its_card_carries_the_calibration(trained):
@@ -98,6 +94,37 @@ def test_the_export_computes_what_the_model_computes_and_its_card_carries_the_ca
     with torch.no_grad():
         eager = model.network()(torch.from_numpy(pixels))
     np.testing.assert_allclose(exported, eager.numpy(), atol=1e-4)
+
+
+def test_the_exported_score_output_answers_unknown_by_the_card_s_rule(trained, tmp_path):
+    """The second output of the ONNX file is the model's knn score, and the card's threshold on it says unknown
+    for images of another kind: recounted here with onnxruntime, on the judged images and on patterns."""
+    from .test_unknown import write_patterns
+
+    last = only_run_dir(trained) / "checkpoints" / "last.ckpt"
+    output = tmp_path / "export"
+    reference("export", "--ckpt_path", str(last), "--formats", "onnx", "--output_dir", str(output), cwd=trained)
+    card = json.loads((output / "model.card.json").read_text())
+    rule = card["calibration"]["unknown"]["unlike_training"]
+    assert card["score_output"]["name"] == "score" and rule["score"] == "knn"
+    session = onnxruntime.InferenceSession(str(output / "model.onnx"))
+    assert [o.name for o in session.get_outputs()] == ["logits", "score"]
+    model = ReferenceClassifier.load_from_checkpoint(last, map_location="cpu", weights_only=True).eval()
+    model.calibration.restore_from(torch.load(last, weights_only=True))
+    validation = np.stack([np.asarray(Image.open(path).convert("RGB").resize((32, 32))).transpose(2, 0, 1)
+                           for path in sorted((trained / "photos").rglob("*.*"))])  # fmt: skip
+    write_patterns(tmp_path / "patterns")
+    patterns = np.stack([np.asarray(Image.open(path).convert("RGB").resize((32, 32))).transpose(2, 0, 1)
+                         for path in sorted((tmp_path / "patterns").iterdir())])  # fmt: skip
+    for images in (validation, patterns):
+        scores = session.run(["score"], {"images": images})[0]
+        with torch.no_grad():
+            logits, features = model.network()(torch.from_numpy(images)), model.features(torch.from_numpy(images))
+        eager = model.calibration.domain_scores(logits, features)
+        np.testing.assert_allclose(scores, eager.numpy(), atol=1e-3)
+    unlike = session.run(["score"], {"images": patterns})[0] < rule["threshold"]
+    assert unlike.sum() >= 11  # the card's rule, on the file's own output
+    assert card["artifacts"]["onnx"]["unlike_training_images"] is not None
 
 
 def test_a_model_without_a_method_of_the_contract_is_refused_in_one_line_before_anything_is_written(tmp_path):

@@ -231,8 +231,11 @@ def test_multilabel_fit_test_predict_export_and_register_agree_with_onnxruntime(
     run_cli("predict", *evaluation, cwd=tmp_path)
     with open(next((run_dir / "predict").glob("*/predictions.csv"))) as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["image", "labels", "probabilities", "top5"]
+    assert list(rows[0]) == ["image", "labels", "probabilities", "unknown_because", "score", "top5"]
     for row in rows:
+        if row["unknown_because"]:  # unlike the training images: no labels
+            assert row["labels"] == "unknown" and row["probabilities"] == ""
+            continue
         given = row["labels"].split()
         assert set(given) <= set(CLASSES) and len(row["probabilities"].split()) == len(given)
         for name, p in zip(given, row["probabilities"].split(), strict=True):
@@ -369,32 +372,42 @@ def test_the_fitting_rules_on_known_numbers():
     assert 0.3 < float(best_f1_thresholds(probabilities, torch.tensor([[1], [1], [0], [0]]))[0]) < 0.8
 
 
-def test_a_checkpoint_keeps_both_scores_thresholds_so_predict_may_switch(caplog):
+def test_a_checkpoint_keeps_every_score_s_threshold_so_predict_may_switch(caplog):
+    """Each score's "unlike the training images" threshold keeps keep_in_domain of all validation images, so a
+    restored model may answer by any of them; the likely-mistake threshold keeps keep_correct of the correct ones."""
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 3, (400,), generator=generator)
     logits = torch.randn(400, 3, generator=generator) + 2 * torch.nn.functional.one_hot(labels, 3)
-    fitted = Calibration("multiclass", 3, reject_with="msp", keep_correct=0.9)
-    fitted.collect(logits, labels)
-    fitted.fit()
-    record = fitted.record()
-    energy = Calibration("multiclass", 3, reject_with="energy", keep_correct=0.9)
-    energy.restore(record)
+    features, training = torch.randn(400, 8, generator=generator), torch.randn(300, 8, generator=generator)
+    fitted = Calibration("multiclass", 3, reject_with="knn", keep_correct=0.9, keep_in_domain=0.9)
+    fitted.collect(logits, labels, features)
+    fitted.fit(training)
+    checkpoint: dict = {}
+    fitted.save_to(checkpoint)
+    record = checkpoint["calibration"]
+    assert set(record["domain"]["thresholds"]) == {"knn", "energy", "msp"} and checkpoint["domain_bank"].shape == (
+        300,
+        8,
+    )
+    for score in ("knn", "energy", "msp"):
+        restored = Calibration("multiclass", 3, reject_with=score, keep_correct=0.9, keep_in_domain=0.9)
+        restored.restore_from(checkpoint)
+        assert float(restored.domain_threshold) == pytest.approx(record["domain"]["thresholds"][score], rel=1e-6)
+        assert abs(float(restored.in_domain(logits, features).float().mean()) - 0.9) < 0.01
     correct = fitted.probabilities(logits).argmax(dim=1) == labels
-    kept = energy.answered(logits)[correct].float().mean()  # the energy threshold keeps the same share
-    assert float(energy.rejection) == pytest.approx(record["unknown_thresholds"]["energy"], rel=1e-6)
-    assert abs(float(kept) - 0.9) < 0.01
-    assert float(fitted.rejection) == pytest.approx(record["unknown_thresholds"]["msp"], rel=1e-6)
-    assert record["rejection"]["threshold"] == float(fitted.rejection)
-    # A record that kept one score's threshold only: the other is not applied, and a line says so; so is a
-    # keep_correct other than the fitted one.
-    del record["unknown_thresholds"]
+    sure = fitted.scores(logits, "msp") >= fitted.rejection
+    assert abs(float(sure[correct].float().mean()) - 0.9) < 0.01 and record["rejection"]["keep_correct"] == 0.9
+    # A record of an earlier release (no domain thresholds): the likely-mistake threshold is taken, no image is
+    # called unlike the training ones, and a line says so; so does a keep_in_domain other than the fitted one.
+    earlier = {key: value for key, value in record.items() if key != "domain"}
     with caplog.at_level("INFO"):
-        energy.rejection.fill_(-math.inf)
-        energy.restore(record)
-        Calibration("multiclass", 3, reject_with="msp", keep_correct=0.95).restore(record)
-    assert float(energy.rejection) == -math.inf and bool(energy.answered(torch.zeros(2, 3)).all())
-    assert 'no "unknown" threshold for model.reject_with energy: every image gets a class' in caplog.text
-    assert "threshold keeps 0.9 of the correct validation answers, as fitted; model.keep_correct 0.95" in caplog.text
+        old = Calibration("multiclass", 3, reject_with="knn", keep_correct=0.9)
+        old.restore(earlier)
+        Calibration("multiclass", 3, reject_with="knn", keep_in_domain=0.95).restore_from(checkpoint)
+    assert float(old.domain_threshold) == -math.inf and float(old.rejection) == record["rejection"]["threshold"]
+    assert bool(old.in_domain(torch.zeros(2, 3)).all())
+    assert 'the checkpoint has no "knn" threshold for images unlike the training ones' in caplog.text
+    assert "keeps 0.9 of the validation images, as fitted; model.keep_in_domain 0.95 takes a fit" in caplog.text
 
 
 def write_noisy_arrays(folder: Path, per_class: int = 150) -> Path:
@@ -481,8 +494,10 @@ def test_temperature_scaling_mends_an_over_confident_model_and_unknown_keeps_its
     shipped = subprocess.run(card_args, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env())
     assert shipped.returncode == 0, shipped.stderr[-3000:]
     unknown = json.loads((last.parent / "export" / "model.card.json").read_text())["calibration"]["unknown"]
-    assert unknown["score"] == "msp" and unknown["coverage_on_validation"] == pytest.approx(fitted["coverage"])
-    assert "answer 'unknown' where max(softmax(output)) <" in unknown["rule"]
+    assert unknown["coverage_on_validation"] == pytest.approx(fitted["coverage"])
+    assert unknown["likely_mistake"]["threshold"] == record["rejection"]["threshold"]
+    assert "answer 'unknown' where max(softmax(logits)) <" in unknown["likely_mistake"]["rule"]
+    assert unknown["unlike_training"]["score"] == "knn" and "output 'score' <" in unknown["unlike_training"]["rule"]
 
 
 def _between(text: str, start: str, end: str) -> tuple[str, str]:

@@ -44,11 +44,18 @@ def test_predict_writes_one_row_per_test_image(trained):
         # The top class, or "unknown" below the rejection threshold fitted on the validation images.
         assert row["predicted"] in (top5[0][0], "unknown") and top5[0][1] == row["probability"]
     record = torch.load(next(trained.glob("runs/*/*/checkpoints/last.ckpt")), weights_only=False)["calibration"]
-    threshold = record["rejection"]["threshold"]
-    for row in table:  # the default score: the highest calibrated probability
+    threshold, unlike = record["rejection"]["threshold"], record["domain"]["threshold"]
+    for (
+        row
+    ) in table:  # unknown: unlike the training images by the knn score, or a likely mistake by the top probability
+        if row["unknown_because"] == "unlike the training images":
+            assert row["predicted"] == "unknown" and float(row["score"]) < unlike + 1e-4
+            continue
+        assert float(row["score"]) >= unlike - 1e-4
         assert (row["predicted"] == "unknown") == (float(row["probability"]) < threshold - 1e-4) or (
             abs(float(row["probability"]) - threshold) < 1e-4
         )
+        assert row["unknown_because"] == ("likely a mistake" if row["predicted"] == "unknown" else "")
 
 
 def test_predict_may_switch_the_unknown_score_on_a_trained_model(trained):
@@ -61,15 +68,19 @@ def test_predict_may_switch_the_unknown_score_on_a_trained_model(trained):
     last = next(trained.glob("runs/*/*/checkpoints/last.ckpt"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     model = ImageClassifier.load_from_checkpoint(last, map_location="cpu", reject_with="energy").eval()
-    assert float(model.calibration.rejection) == pytest.approx(
-        checkpoint["calibration"]["unknown_thresholds"]["energy"], rel=1e-6
+    calibration = model.calibration
+    assert float(calibration.domain_threshold) == pytest.approx(
+        checkpoint["calibration"]["domain"]["thresholds"]["energy"], rel=1e-6
     )
     held_out = load_run_data(last, checkpoint, list(model.class_names), trained / "data", "the check").held_out
     with torch.inference_mode():
-        scores = model.calibration.scores(model.evaluate(torch.from_numpy(np.array(held_out.images[:]))))
-    margin = (scores - model.calibration.rejection).tolist()
-    for row, above in zip(table, margin, strict=True):  # (a score within 1e-4 of the threshold may go either way)
-        assert (row["predicted"] != "unknown") == (above >= 0) or abs(above) < 1e-4
+        logits = model.evaluate(torch.from_numpy(np.array(held_out.images[:])))
+        energy, top = calibration.scores(logits, "energy"), calibration.scores(logits, "msp")
+    margins = zip((energy - calibration.domain_threshold).tolist(), (top - calibration.rejection).tolist(), strict=True)
+    for row, (unlike, unsure) in zip(table, margins, strict=True):  # (within 1e-4 of a threshold: either way)
+        assert float(row["score"]) == pytest.approx(unlike + float(calibration.domain_threshold), abs=1e-3)
+        if min(abs(unlike), abs(unsure)) > 1e-4:
+            assert (row["predicted"] != "unknown") == (unlike >= 0 and unsure >= 0)
     assert 0 < sum(row["predicted"] == "unknown" for row in table) < len(table)
 
 

@@ -36,12 +36,13 @@ _API: dict[str, str] = {
     "Normalize": ".models.network_parts",
     "SharedRecipe": ".models.network_parts",
     "head_input": ".models.network_parts",
+    "logits_and_features": ".models.network_parts",
     "TorchvisionNet": ".models.torchvision_net",
     "parameter_groups": ".models.parameter_groups",
     "build_optimizer": ".models.parameter_groups",
     "check_lr_scales": ".models.parameter_groups",
     "Calibration": ".models.calibration",
-    "RejectionScore": ".models.calibration",
+    "DomainScore": ".models.domain",
     "ClassWeights": ".models.labels",
     "LossFactory": ".models.labels",
     "Task": ".models.labels",
@@ -83,7 +84,7 @@ _API: dict[str, str] = {
 # Where a name's definition is called otherwise than its public name.
 _DEFINED_AS = {"CIFAR_FORMATS": "FORMATS"}
 # Old public name -> new one, kept for one minor release (each use warns).
-_RENAMED: dict[str, str] = {}
+_RENAMED: dict[str, str] = {"RejectionScore": "DomainScore"}
 
 __all__ = ["__version__", *_API]
 

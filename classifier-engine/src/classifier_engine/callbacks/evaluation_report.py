@@ -12,6 +12,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from torchvision.utils import make_grid
 from typing_extensions import override
 
@@ -26,6 +27,7 @@ from .label_report import (
     label_figures,
     label_page,
     multilabel_summary,
+    unusual_section,
     write_label_figures,
     write_wrong_labels,
     wrong_labels,
@@ -48,9 +50,13 @@ class Answers:
     scores: np.ndarray | None = None  # multi-class with rejection: each image's score
     rejection: float | None = None  # ... and the threshold below which the answer is "unknown"
     score_name: str = ""
+    domain_scores: np.ndarray | None = None  # each image's "like the training images" score, where there is one
+    domain_threshold: float | None = None
+    domain_name: str = ""
 
     @classmethod
-    def of(cls, model: L.LightningModule, logits: np.ndarray, multilabel: bool) -> Answers:
+    def of(cls, model: L.LightningModule, logits: np.ndarray, multilabel: bool, features: Tensor | None = None
+           ) -> Answers:  # fmt: skip
         raw = torch.from_numpy(logits)
         plain = (raw.sigmoid() if multilabel else raw.softmax(dim=-1)).numpy()
         calibration = getattr(model, "calibration", None)
@@ -61,16 +67,24 @@ class Answers:
             on_device = raw.to(calibration.temperature.device)
             calibrated = calibration.probabilities(on_device).cpu().numpy()
             temperature = calibration.temperature.cpu().tolist()
+            domain = calibration.domain_scores(on_device, None if features is None else features.to(on_device.device))
+            threshold = float(calibration.domain_threshold)
+            unlike = {}
+            if domain is not None and math.isfinite(threshold):
+                unlike = {"domain_scores": domain.cpu().numpy(), "domain_threshold": threshold,
+                          "domain_name": calibration.reject_with}  # fmt: skip
             if multilabel:
-                return cls(plain, calibrated, temperature, True, calibration.thresholds.cpu().numpy())
+                return cls(plain, calibrated, temperature, True, calibration.thresholds.cpu().numpy(), **unlike)
             rejection = float(calibration.rejection)
-            if calibration.reject_with == "none" or not math.isfinite(rejection):
-                return cls(plain, calibrated, temperature, False)
-            scores = calibration.scores(on_device).cpu().numpy()
-        return cls(plain, calibrated, temperature, False, None, scores, rejection, calibration.reject_with)
+            if not math.isfinite(rejection):
+                return cls(plain, calibrated, temperature, False, **unlike)
+            scores = calibration.scores(on_device, "msp").cpu().numpy()
+        return cls(plain, calibrated, temperature, False, None, scores, rejection, "top probability", **unlike)
 
-    def sections(self, labels: np.ndarray, headline: dict) -> list[tuple[str, str]]:
-        """The calibration section (and the coverage one, with rejection); their figures join ``headline``."""
+    def sections(self, labels: np.ndarray, headline: dict, images: Any = None, paths: list[str] | None = None
+                 ) -> list[tuple[str, str]]:  # fmt: skip
+        """The calibration section, the coverage one (with a likely-mistake threshold) and the images least like
+        the training ones (with a domain score); their figures join ``headline``."""
         added, body = calibration_section(self.plain, self.calibrated, labels, self.temperature, self.multilabel)
         headline |= added
         sections = [("Calibration: reliability before and after temperature scaling", body)]
@@ -79,6 +93,11 @@ class Answers:
             added, body = coverage_section(self.scores, correct, self.rejection, self.score_name)
             headline |= added
             sections.append(('"Unknown" answers: accuracy against coverage', body))
+        if self.domain_scores is not None:
+            names = paths or [str(index) for index in range(len(self.domain_scores))]
+            added, body = unusual_section(self.domain_scores, self.domain_threshold, self.domain_name, images, names)
+            headline |= added
+            sections.append(('"Unknown": the test images least like the training ones', body))
         return sections
 
 
@@ -133,8 +152,9 @@ class EvaluationReport(L.Callback):
             return
         folder.mkdir(parents=True, exist_ok=True)
         class_names = [str(name) for name in getattr(pl_module, "class_names", None) or range(logits.shape[1])]
-        answers = Answers.of(pl_module, logits, multilabel=labels.ndim == 2)
         held_out, why_no_images = self._images(trainer, labels)
+        features = self._features(pl_module, held_out) if held_out is not None else None
+        answers = Answers.of(pl_module, logits, labels.ndim == 2, features)
         names = held_out.names if held_out is not None else [str(index) for index in range(len(labels))]
         root = getattr(trainer.datamodule, "image_root", None)
         paths = [str(Path(root, name)) if root and held_out is not None else name for name in names]
@@ -174,7 +194,7 @@ class EvaluationReport(L.Callback):
         if is_imbalanced(pl_module.hparams.get("class_counts")) or is_imbalanced([c.support for c in classes]):
             headline["balanced accuracy"] = f"{100 * np.mean([c.recall for c in classes]):.2f} %"
             headline["macro-F1"] = f"{100 * np.mean([c.f1 for c in classes]):.2f} %"
-        extra = answers.sections(labels, headline)
+        extra = answers.sections(labels, headline, held_out.images if held_out is not None else None, paths)
         page = report_page(headline | source, classes, confusion, class_names, shown, labels, predicted,
                            probabilities, paths, gallery, why_no_images or why_no_overlays, extra)  # fmt: skip
         table = ["| class | precision | recall | F1 | support | most confused with |", "|---|---|---|---|---|---|"]
@@ -190,7 +210,7 @@ class EvaluationReport(L.Callback):
         probabilities, thresholds = answers.calibrated, answers.thresholds
         figures = label_figures(probabilities, labels, thresholds, class_names)
         headline = {"images": len(labels), **multilabel_summary(figures, probabilities, labels, thresholds)}
-        extra = answers.sections(labels, headline)
+        extra = answers.sections(labels, headline, held_out.images if held_out is not None else None, paths)
         wrong = wrong_labels(probabilities, labels, thresholds, self.mistakes)
         shown = np.asarray([image for image, *_ in wrong], dtype=np.int64)
         gallery, why_no_overlays = self._gallery(pl_module, held_out, shown, np.asarray([k for _, k, *_ in wrong]))
@@ -221,6 +241,18 @@ class EvaluationReport(L.Callback):
         gathered_p[order] = np.concatenate([share[0] for share in shares])
         gathered_l[order] = np.concatenate([share[1] for share in shares])
         return gathered_p, gathered_l
+
+    @staticmethod
+    def _features(pl_module: Any, held_out: HeldOutImages, batch_size: int = 256) -> Tensor | None:
+        """The contract's ``features()`` of the held-out images, for the knn score (one pass, no gradients)."""
+        if getattr(getattr(pl_module, "calibration", None), "reject_with", "none") != "knn":
+            return None
+        chunks = []
+        with torch.no_grad():
+            for start in range(0, len(held_out.labels), batch_size):
+                images = torch.as_tensor(np.asarray(held_out.images[start : start + batch_size]))
+                chunks.append(pl_module.features(images.to(pl_module.device)).float().cpu())
+        return torch.cat(chunks) if chunks else None
 
     @staticmethod
     def _images(trainer: L.Trainer, labels: np.ndarray) -> tuple[HeldOutImages | None, str]:

@@ -101,13 +101,49 @@ def coverage_section(
              title="Accuracy against coverage")  # fmt: skip
     axes.legend(loc="lower left", fontsize=7)
     chart = html_page.image(_pixels(figure), "accuracy against coverage")
-    headline = {"answered (not unknown)": f"{100 * share:.2f} % of the images, {100 * kept:.2f} % of them right"}
+    headline = {"not a likely mistake": f"{100 * share:.2f} % of the images, {100 * kept:.2f} % of them right"}
     text = (
-        f'Predict answers "unknown" when the {score_name} score is below {threshold:.4f}, the threshold that keeps '
-        f"the configured share of correct validation answers. On these images it answers {100 * share:.2f} %, "
+        f'Predict answers "unknown" for a likely mistake: the {score_name} below {threshold:.4f}, the threshold that '
+        f"keeps the configured share of correct validation answers. On these images it answers {100 * share:.2f} %, "
         f"{100 * kept:.2f} % of them correctly (all images: {100 * float(correct.mean()):.2f} %)."
     )
     return headline, html_page.paragraph(text) + chart
+
+
+def unusual_section(
+    scores: np.ndarray, threshold: float, score_name: str, images: np.ndarray | None, paths: list[str], count: int = 12
+) -> tuple[dict[str, str], str]:
+    """How like the training images the test images are: the share the threshold keeps, the curve of that share
+    over the threshold, and the ``count`` images least like them (``images``: uint8 (N, 3, S, S), or None)."""
+    inside = scores >= threshold
+    share = float(inside.mean()) if len(scores) else 0.0
+    ordered = np.sort(scores)
+    figure, axes = plt.subplots(figsize=CHART_INCHES, dpi=DPI)
+    axes.plot(ordered, 1 - np.arange(len(ordered)) / max(len(ordered), 1), color="#1f4e79", linewidth=1.5)
+    axes.axvline(threshold, color="#c0392b", linestyle="--", linewidth=1, label=f"threshold: {100 * share:.1f} % kept")
+    axes.set(ylim=(0, 1.02), xlabel=f"{score_name} score (higher: more like the training images)",
+             ylabel="share of test images at or above", title="Test images against the threshold")  # fmt: skip
+    axes.legend(loc="lower left", fontsize=7)
+    chart = html_page.image(_pixels(figure), "share of test images against the score")
+    text = (
+        f'Predict answers "unknown" for an image unlike the training images: its {score_name} score below '
+        f"{threshold:.4g}, the threshold that keeps the configured share of all validation images. It keeps "
+        f"{100 * share:.2f} % of these test images; the least like the training images come first below."
+    )
+    least = np.argsort(scores, kind="stable")[:count]
+    pictures = ""
+    if images is not None and len(least):
+        in_file_order = np.sort(least)  # a memory map is read in file order
+        chosen = np.asarray(images[in_file_order])[np.searchsorted(in_file_order, least)]
+        cells = [
+            f'<span class="unusual">{html_page.image(picture.transpose(1, 2, 0), paths[index])}'
+            f"<br>{html_page.escape(paths[index])}<br>score {scores[index]:.4g}"
+            f"{' (unknown)' if not inside[index] else ''}</span>"
+            for picture, index in zip(chosen, least, strict=True)
+        ]
+        pictures = f'<div class="unusual-images">{"".join(cells)}</div>'
+    headline = {"like the training images": f"{100 * share:.2f} % of the images (by {score_name})"}
+    return headline, html_page.paragraph(text) + chart + pictures
 
 
 @dataclass(frozen=True)

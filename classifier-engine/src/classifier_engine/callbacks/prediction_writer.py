@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 from typing_extensions import override
@@ -22,15 +23,19 @@ from ..data.interfaces import PredictionNames
 from ..foundation.files import Partial
 
 UNKNOWN = "unknown"
+UNLIKE_TRAINING = "unlike the training images"  # the domain score is below its threshold
+UNSURE = "likely a mistake"  # the top probability is below the threshold that keeps most correct answers
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Rows ``image, predicted, probability, top5`` (``top5`` as ``name:probability`` pairs), written per batch.
+    """Rows ``image, predicted, probability, unknown_because, score, top5`` (``top5`` as ``name:probability``
+    pairs), written per batch.
 
-    ``predicted`` is ``unknown`` where the model's rejection threshold finds the image unlike its
-    validation images (``top5`` still ranks the classes). For a multi-label model the rows are
-    ``image, labels, probabilities, top5``: every label at or above its threshold, separated by
-    spaces, and their probabilities.
+    ``predicted`` is ``unknown`` where the image is unlike the training images (its ``score``, how like them it
+    is, is below the fitted threshold) or the answer is likely a mistake; ``unknown_because`` says which, and
+    ``top5`` still ranks the classes. For a multi-label model the rows are ``image, labels, probabilities,
+    unknown_because, score, top5``: every label at or above its threshold, separated by spaces, and their
+    probabilities; ``unknown`` (no labels) for an image unlike the training images.
 
     ``image`` is the test-set index, or the file's path inside ``data.predict_dir``. The file is
     written under a temporary name and renamed when prediction ends, so a stopped run leaves no
@@ -84,25 +89,30 @@ class PredictionWriter(BasePredictionWriter):
         multilabel = "labels" in answer
         if not self._header_written:
             first = ["labels", "probabilities"] if multilabel else ["predicted", "probability"]
-            self._writer.writerow(["image", *first, f"top{self.top_k}"])
+            self._writer.writerow(["image", *first, "unknown_because", "score", f"top{self.top_k}"])
             self._header_written = True
         probabilities, classes = all_p.topk(min(self.top_k, all_p.shape[-1]), dim=-1)
         indices = batch_indices if batch_indices is not None else range(len(all_p))
         given = answer["labels"].tolist() if multilabel else answer.get("answered", [True] * len(all_p))
+        inside = answer.get("in_domain", torch.ones(len(all_p), dtype=torch.bool)).tolist()
+        scores = answer["score"].tolist() if "score" in answer else [None] * len(all_p)
         try:
             for row, (index, top_p, top_c) in enumerate(
                 zip(indices, probabilities.tolist(), classes.tolist(), strict=True)
             ):
                 top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(top_c, top_p, strict=True))
+                score = "" if scores[row] is None else f"{scores[row]:.6g}"
+                because = "" if inside[row] else UNLIKE_TRAINING
                 if multilabel:
                     present = [k for k, flag in enumerate(given[row]) if flag]
                     present.sort(key=lambda k: -float(all_p[row, k]))
-                    labels = " ".join(class_names[k] for k in present)
+                    labels = " ".join(class_names[k] for k in present) if inside[row] else UNKNOWN
                     shares = " ".join(f"{float(all_p[row, k]):.4f}" for k in present)
-                    self._writer.writerow([name(index), labels, shares, top])
+                    self._writer.writerow([name(index), labels, shares, because, score, top])
                 else:
+                    because = because or ("" if bool(given[row]) else UNSURE)
                     predicted = class_names[top_c[0]] if bool(given[row]) else UNKNOWN
-                    self._writer.writerow([name(index), predicted, f"{top_p[0]:.4f}", top])
+                    self._writer.writerow([name(index), predicted, f"{top_p[0]:.4f}", because, score, top])
         except OSError as error:  # a full disk: say so, and leave no partial file
             with contextlib.suppress(OSError):  # the buffered rows cannot be written either
                 self._close()

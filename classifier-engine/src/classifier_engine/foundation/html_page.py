@@ -21,6 +21,9 @@ figure { margin: 0; width: 264px; border: 1px solid #ddd; padding: 6px; }
 figure img { width: 128px; height: 128px; image-rendering: pixelated; }
 figcaption { font-size: 12px; word-break: break-all; }
 .note { color: #666; }
+.unusual-images { display: flex; flex-wrap: wrap; gap: 12px; }
+.unusual { width: 140px; font-size: 12px; word-break: break-all; }
+.unusual img { width: 128px; height: 128px; image-rendering: pixelated; }
 """
 
 
@@ -29,6 +32,10 @@ def png_uri(pixels: np.ndarray) -> str:
     buffer = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def escape(text: str) -> str:
+    return html.escape(text)
 
 
 def image(pixels: np.ndarray, alt: str) -> str:

@@ -49,6 +49,7 @@ ADDED_SINCE_1_0: dict[str, Any] = {
     "model.loss": None,
     "model.reject_with": "msp",  # fitted after each validation; training is unchanged
     "model.keep_correct": 0.95,
+    "model.keep_in_domain": 0.95,  # the "unlike the training images" threshold, fitted after each validation
     "data.init_args.task": "auto",
     "data.init_args.sampler": "shuffle",
     "data.init_args.allow_paths_outside": False,  # true is recorded: such a run read files outside its list's folder

@@ -3,9 +3,9 @@
 A project's LightningModule is the user's to rewrite (its ``training_step``, its validation hooks),
 so what exact resume and calibrated answers need does not live there:
 
-- ``CalibrationFit``: after each validation of ``fit``, the calibration (temperature, thresholds, the
-  "unknown" threshold) is fitted on the validation images, before that validation's checkpoints; every
-  checkpoint keeps it and every restore takes it back;
+- ``CalibrationFit``: after each validation of ``fit``, the calibration (temperature, thresholds, the bank of
+  training features and both "unknown" thresholds) is fitted on the validation images, before that
+  validation's checkpoints; every checkpoint keeps it and every restore takes it back;
 - ``TrainingTotalsLog``: ``train/loss_epoch``, ``train/top1``, ``train/top5`` summed on the device and kept
   in checkpoints, so an epoch resumed in its middle averages over all its batches;
 - ``FinalValidation``: a run that reaches ``max_steps`` inside an epoch validates its final weights;
@@ -24,8 +24,9 @@ from torch import Tensor
 from typing_extensions import override
 
 from ..contract import ResumableSchedule
+from ..data.interfaces import EvaluationData
 from ..foundation.logging_steps import at_logging_step
-from ..models.calibration import CHECKPOINT_KEY as CALIBRATION_KEY
+from ..models.domain import BANK_SEED, bank_capacity
 from ..models.training_totals import TrainingTotals
 
 TOTALS_KEY = "training_totals"
@@ -39,7 +40,9 @@ class CalibrationFit(L.Callback):
     """Fit ``pl_module.calibration`` on each validation of ``fit``; keep it in checkpoints and restore it.
 
     The logits are what ``validation_step`` returns when it returns them (the project's model does);
-    otherwise they are computed again with ``pl_module.evaluate``.
+    otherwise they are computed again with ``pl_module.evaluate``. The features of the validation images and
+    of a seeded sample of the training images (``domain.BANK_IMAGES`` at most, the bank's bytes bounded) come
+    from the contract's ``features()``: one forward pass each, without gradients, at validation only.
     """
 
     @override
@@ -54,26 +57,43 @@ class CalibrationFit(L.Callback):
             return
         images, labels = batch[0], batch[1]
         logits = outputs
-        if not (isinstance(logits, Tensor) and logits.shape == (len(labels), len(pl_module.class_names))):
-            with torch.no_grad():
+        with torch.no_grad():
+            if not (isinstance(logits, Tensor) and logits.shape == (len(labels), len(pl_module.class_names))):
                 logits = pl_module.evaluate(images)
-        pl_module.calibration.collect(logits.detach(), labels)
+            features = pl_module.features(images)
+        pl_module.calibration.collect(logits.detach(), labels, features)
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         # Fitted on this validation's images (every rank's: the same numbers on each), before the checkpoints
         # of this validation are written.
         if fitting(trainer):
-            figures = {f"val/{name}": value for name, value in pl_module.calibration.fit().items()}
+            bank = training_features(trainer, pl_module)
+            figures = {f"val/{name}": value for name, value in pl_module.calibration.fit(bank).items()}
             pl_module.log_dict(figures, sync_dist=True)
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CALIBRATION_KEY] = pl_module.calibration.record()
+        pl_module.calibration.save_to(checkpoint)
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        pl_module.calibration.restore(checkpoint.get(CALIBRATION_KEY))
+        pl_module.calibration.restore_from(checkpoint)
+
+
+def training_features(trainer: L.Trainer, pl_module: Any, batch_size: int = 256) -> Tensor | None:
+    """The features of a seeded sample of the training images, as many as the bank keeps (None: the data
+    cannot hand out training images, as a DataModule of the user's own may not)."""
+    data = trainer.datamodule
+    if not isinstance(data, EvaluationData):
+        return None
+    probe = torch.as_tensor(data.training_sample(1, seed=BANK_SEED)).to(pl_module.device)
+    with torch.no_grad():
+        dimension = pl_module.features(probe).shape[1]
+        images = data.training_sample(bank_capacity(dimension), seed=BANK_SEED)
+        chunks = [pl_module.features(torch.as_tensor(images[start : start + batch_size]).to(pl_module.device))
+                  for start in range(0, len(images), batch_size)]  # fmt: skip
+    return torch.cat(chunks).float() if chunks else None
 
 
 class TrainingTotalsLog(L.Callback):

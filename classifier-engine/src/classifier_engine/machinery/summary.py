@@ -49,6 +49,9 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
     }
     if metrics:
         lines.append("Final metrics: " + "  ".join(f"{name} {_number(value)}" for name, value in metrics.items()))
+    answers = unknown_summary(trainer.lightning_module)
+    if answers:
+        lines.append(answers)
     if session.diverged:
         listed = any(line.startswith(("Best checkpoint", "Last checkpoint")) for line in lines)
         kept = "the checkpoints above hold finite weights" if listed else "no checkpoint was written"
@@ -81,6 +84,21 @@ def fit_summary(trainer: L.Trainer, run: Run) -> str:
 
             lines.append(f"MLflow: run {logger.run_id}; mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
     return "\n".join(lines)
+
+
+def unknown_summary(model: L.LightningModule) -> str:
+    """What the last validation's calibration says of the answers a user will get (empty before any)."""
+    fitted = getattr(model, "calibration", None) and model.calibration.fitted
+    if not fitted:
+        return ""
+    parts = []
+    if "labels_given" in fitted:
+        parts.append(f"{fitted['labels_given']:.1f} labels given per image, {fitted['labels_true']:.1f} true")
+    if "in_domain" in fitted and model.calibration.reject_with != "none":
+        parts.append(f"{100 * fitted['in_domain']:.1f} % like the training images by {model.calibration.reject_with}")
+    if "coverage" in fitted:
+        parts.append(f"{100 * fitted['coverage']:.1f} % answered")
+    return "Answers on validation: " + "; ".join(parts) if parts else ""
 
 
 def evaluation_summary(trainer: L.Trainer, run: Run) -> str:

@@ -6,21 +6,23 @@ checkpoint carries the fit of its own weights) and saved in the checkpoint besid
 - **Temperature scaling** (Guo et al., 2017): logits are divided by one number T (multi-label: one
   per class) chosen to minimize the validation negative log-likelihood. The ranking, and so top-1
   or mAP, is unchanged; the probabilities stop being over- (T > 1) or under-confident (T < 1).
-- **Multi-label thresholds**: per class, the probability above which the label is given, the one
-  that maximizes that class's F1 on the validation images.
-- **Rejection** (multi-class): a score per image, the maximum softmax probability (``msp``) or the
-  negative energy T x logsumexp(logits / T) (``energy``, Liu et al., 2020), and the threshold below
-  which the answer is "unknown": the one that keeps ``keep_correct`` of the correct validation answers.
+- **Multi-label thresholds**: per class, the probability above which the label is given: the one
+  that maximizes that class's F1 on the validation images, then all moved by one shift so that the labels
+  given per validation image average the true count.
+- **"Unknown"**, for two reasons: an image unlike the training images (the ``knn`` score on the features,
+  ``models/domain.py``, or ``energy``/``msp`` on the logits; the threshold keeps ``keep_in_domain`` of all
+  validation images), or, with one label per image, a likely mistake (the top calibrated probability below
+  the threshold that keeps ``keep_correct`` of the correct validation answers).
 
-pytorch-ood implements these scores and many more detectors; it is not used here because the two
-scores need a line each on the logits the model already computes, and pytorch-ood pins its own
-torch range. The expected calibration error comes from torchmetrics (``CalibrationError``, 15 bins).
+pytorch-ood implements these scores and many more detectors; it is not used here because each score
+is a few lines on what the model computes anyway, and pytorch-ood pins its own torch range. The expected
+calibration error comes from torchmetrics (``CalibrationError``, 15 bins).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +31,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.functional.classification import binary_calibration_error, multiclass_calibration_error
 
-RejectionScore = Literal["msp", "energy", "none"]
+from .domain import DOMAIN_SCORES, DomainScore, keeping_threshold, knn_scores, neighbours, normalized_bank
+
 ECE_BINS = 15
 # The weight, in validation images, of the pull of multi-label temperatures towards their common value.
 # On 2x2 mosaics of real clothing photos (152 validation images, 3 seeds), free per-class temperatures
@@ -37,6 +40,7 @@ ECE_BINS = 15
 # test log-loss was the lowest of free, pulled and one shared temperature in each seed.
 SHARED_TEMPERATURE_IMAGES = 50.0
 CHECKPOINT_KEY = "calibration"
+BANK_KEY = "domain_bank"  # the training features of the "knn" score: fp16, bounded (models/domain.py)
 
 
 def fit_temperature(logits: Tensor, targets: Tensor, multilabel: bool) -> Tensor:
@@ -89,6 +93,28 @@ def best_f1_thresholds(probabilities: Tensor, targets: Tensor) -> Tensor:
     return thresholds
 
 
+def count_matched_thresholds(probabilities: Tensor, targets: Tensor, thresholds: Tensor) -> Tensor:
+    """``thresholds`` moved by one common shift in log-odds until the labels given per image average the true count.
+
+    Per-class F1-best thresholds of a model of middling precision lean towards recall and give too many labels
+    (on 2x2 mosaics of real photos: 5.9 given per image for 3.4 true); one shift keeps their order between the
+    classes and fixes the total. The shift is found by bisection; counts move in steps, so the nearer side wins.
+    """
+    true_mean = float(targets.float().sum(1).mean())
+    logit_p = torch.logit(probabilities.double().clamp(1e-7, 1 - 1e-7))
+    logit_t = torch.logit(thresholds.double().clamp(1e-7, 1 - 1e-7))
+
+    def given(shift: float) -> float:
+        return float((logit_p >= logit_t + shift).sum(1).double().mean())
+
+    low, high = -40.0, 40.0  # fewer labels as the shift grows
+    for _ in range(80):
+        middle = (low + high) / 2
+        low, high = (middle, high) if given(middle) > true_mean else (low, middle)
+    shift = low if abs(given(low) - true_mean) < abs(given(high) - true_mean) else high
+    return torch.sigmoid(logit_t + shift).float()
+
+
 def rejection_threshold(scores: Tensor, correct: Tensor, keep_correct: float) -> float:
     """The score threshold (``score >= t`` answers) that keeps ``keep_correct`` of the correct answers."""
     kept = torch.sort(scores[correct].double()).values
@@ -110,61 +136,104 @@ def calibration_error(probabilities: Tensor, targets: Tensor, multilabel: bool) 
 
 
 class Calibration(nn.Module):
-    """The fitted temperature, thresholds and rejection of a classifier (buffers outside its state_dict).
+    """The fitted temperature, thresholds and the two reasons to answer "unknown" (buffers outside its state_dict).
+
+    - **Unlike the training images** (``reject_with``, one label or several): a score of the image against the
+      training images, ``knn`` on the penultimate features (``models/domain.py``) or ``energy``/``msp`` on the
+      logits, with the threshold that keeps ``keep_in_domain`` of all validation images.
+    - **A likely mistake** (one label per image): the top calibrated probability below the threshold that keeps
+      ``keep_correct`` of the correct validation answers (1.0 turns it off).
 
     The buffers follow the model across devices; the checkpoint keeps them as ``record()`` under
-    ``"calibration"`` (a checkpoint without one, or a run that has not validated yet: T = 1,
-    thresholds 0.5, no rejection). Outside the state_dict on purpose: code that walks a state_dict
-    expects tensors only.
+    ``"calibration"`` and the bank of training features under ``"domain_bank"`` (a checkpoint without one, or a
+    run that has not validated yet: T = 1, thresholds 0.5, every image answered). Outside the state_dict on
+    purpose: code that walks a state_dict expects the network's tensors only.
     """
 
     def __init__(
-        self, task: str, num_classes: int, reject_with: RejectionScore = "msp", keep_correct: float = 0.95
+        self,
+        task: str,
+        num_classes: int,
+        reject_with: DomainScore = "knn",
+        keep_correct: float = 0.95,
+        keep_in_domain: float = 0.95,
     ) -> None:
         super().__init__()
-        if not 0 < keep_correct <= 1:
-            raise ValueError(f"model.keep_correct must be a share in (0, 1], got {keep_correct}")
+        for name, share in (("keep_correct", keep_correct), ("keep_in_domain", keep_in_domain)):
+            if not 0 < share <= 1:
+                raise ValueError(f"model.{name} must be a share in (0, 1], got {share}")
         self.multilabel = task == "multilabel"
-        self.reject_with = "none" if self.multilabel else reject_with
-        self.keep_correct = keep_correct
+        self.reject_with = reject_with
+        self.keep_correct, self.keep_in_domain = keep_correct, keep_in_domain
         temperatures = num_classes if self.multilabel else 1
         self.register_buffer("temperature", torch.ones(temperatures), persistent=False)
         self.register_buffer("thresholds", torch.full((num_classes,), 0.5), persistent=False)
-        self.register_buffer("rejection", torch.tensor(-math.inf), persistent=False)
+        self.register_buffer("rejection", torch.tensor(-math.inf), persistent=False)  # the likely-mistake threshold
+        self.register_buffer("domain_threshold", torch.tensor(-math.inf), persistent=False)
+        self.register_buffer("bank", torch.zeros(0, 0, dtype=torch.float16), persistent=False)
         self.fitted: dict[str, Any] = {}  # what the last fit measured (the record's figures)
-        self.by_score: dict[str, float] = {}  # multi-class: the "unknown" threshold of each score, fitted alike
+        self.by_score: dict[str, float] = {}  # the in-domain threshold of each score, fitted alike
         self._logits: list[Tensor] = []
         self._targets: list[Tensor] = []
+        self._features: list[Tensor] = []
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """Calibrated probabilities: softmax (multi-label: sigmoid) of the logits over the temperature."""
         scaled = logits.float() / self.temperature
         return scaled.sigmoid() if self.multilabel else scaled.softmax(dim=-1)
 
-    def scores(self, logits: Tensor, score: RejectionScore | None = None) -> Tensor:
-        """How sure each answer is, by the rejection score (higher: more like the validation images)."""
+    def scores(self, logits: Tensor, score: str = "msp") -> Tensor:
+        """A logit score (higher: surer): ``msp``, the top calibrated probability (multi-label: the top
+        sigmoid), or ``energy``, T x logsumexp(logits / T) (multi-label: JointEnergy, the sum of log(1 + e^x))."""
         scaled = logits.float() / self.temperature
-        if (score or self.reject_with) == "energy":
+        if score == "energy":
+            if self.multilabel:
+                return nn.functional.softplus(scaled).sum(dim=-1)
             return self.temperature * torch.logsumexp(scaled, dim=-1)
-        return scaled.softmax(dim=-1).max(dim=-1).values
+        probabilities = scaled.sigmoid() if self.multilabel else scaled.softmax(dim=-1)
+        return probabilities.max(dim=-1).values
 
-    def answered(self, logits: Tensor) -> Tensor:
-        """Multi-class: True where an image gets a class, False where the answer is "unknown"."""
-        if self.reject_with == "none":
+    def domain_scores(self, logits: Tensor, features: Tensor | None, score: str | None = None) -> Tensor | None:
+        """How like the training images each image is, by ``score`` (``reject_with`` by default); None where the
+        score cannot be computed (``none``; ``knn`` without features or before a bank was fitted)."""
+        score = score or self.reject_with
+        if score == "none":
+            return None
+        if score == "knn":
+            if features is None or not len(self.bank):
+                return None
+            return knn_scores(features, self.bank)
+        return self.scores(logits, score)
+
+    def in_domain(self, logits: Tensor, features: Tensor | None = None) -> Tensor:
+        """True where an image is like the training images by ``reject_with`` (every image, where it cannot say)."""
+        scores = self.domain_scores(logits, features)
+        if scores is None:
             return torch.ones(len(logits), dtype=torch.bool, device=logits.device)
-        return self.scores(logits) >= self.rejection
+        return scores >= self.domain_threshold
+
+    def answered(self, logits: Tensor, features: Tensor | None = None) -> Tensor:
+        """Multi-class: True where an image gets a class, False where the answer is "unknown" (either reason)."""
+        sure = self.scores(logits, "msp") >= self.rejection
+        return sure & self.in_domain(logits, features)
 
     def given_labels(self, probabilities: Tensor) -> Tensor:
         """Multi-label: the (N, classes) 0/1 answer, each class at its threshold."""
         return probabilities >= self.thresholds
 
-    def answers(self, logits: Tensor) -> dict[str, Tensor]:
-        """What ``predict`` writes of a batch: the calibrated probabilities, and which images get an answer
-        (``answered``; multi-label: which labels each gets, ``labels``)."""
+    def answers(self, logits: Tensor, features: Tensor | None = None) -> dict[str, Tensor]:
+        """What ``predict`` writes of a batch: the calibrated probabilities; which images are like the training
+        ones (``in_domain``) and, of one label, which get an answer (``answered``), or, of several, which labels
+        each gets (``labels``, none for an image unlike the training ones); the domain score (``score``)."""
         probabilities = self.probabilities(logits)
+        scores = self.domain_scores(logits, features)
+        inside = self.in_domain(logits, features)
+        answer = {"probabilities": probabilities, "in_domain": inside}
+        if scores is not None:
+            answer["score"] = scores
         if self.multilabel:
-            return {"probabilities": probabilities, "labels": self.given_labels(probabilities)}
-        return {"probabilities": probabilities, "answered": self.answered(logits)}
+            return answer | {"labels": self.given_labels(probabilities) & inside[:, None]}
+        return answer | {"answered": self.answered(logits, features)}
 
     def scaling(self) -> nn.Module:
         """A module dividing logits by the temperature (this buffer, shared), for the network that is exported.
@@ -176,22 +245,29 @@ class Calibration(nn.Module):
 
     # Fitting, on the images of one validation pass.
     def reset(self) -> None:
-        self._logits, self._targets = [], []
+        self._logits, self._targets, self._features = [], [], []
 
-    def collect(self, logits: Tensor, targets: Tensor) -> None:
+    def collect(self, logits: Tensor, targets: Tensor, features: Tensor | None = None) -> None:
         self._logits.append(logits.detach().float().cpu())
         self._targets.append(targets.detach().cpu())
+        if features is not None:
+            self._features.append(features.detach().float().cpu())
 
-    def fit(self) -> dict[str, float]:
-        """Fit on every rank's collected images (the same result on each); returns figures to log."""
+    def fit(self, training_features: Tensor | None = None) -> dict[str, float]:
+        """Fit on every rank's collected images (the same result on each); returns figures to log.
+
+        ``training_features``: the features of (a seeded sample of) the training images, the bank of ``knn``.
+        """
         if not self._logits:
             return {}
         logits, targets = torch.cat(self._logits), torch.cat(self._targets)
+        features = torch.cat(self._features) if len(self._features) == len(self._logits) else None
         self.reset()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             shares: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(shares, (logits, targets))
+            dist.all_gather_object(shares, (logits, targets, features))
             logits, targets = torch.cat([s[0] for s in shares]), torch.cat([s[1] for s in shares])
+            features = None if any(s[2] is None for s in shares) else torch.cat([s[2] for s in shares])
         device = self.temperature.device
         if self.multilabel:
             targets = targets.float()
@@ -205,29 +281,57 @@ class Calibration(nn.Module):
             "ece_after": calibration_error(calibrated, targets, self.multilabel),
         }
         figures = {"ece": self.fitted["ece_after"], "ece_uncalibrated": self.fitted["ece_before"]}
+        if training_features is not None and len(training_features):
+            self.bank = normalized_bank(training_features).to(device)
+        figures |= self._fit_domain(logits.to(device), features)
         if self.multilabel:
-            self.thresholds.copy_(best_f1_thresholds(calibrated, targets).to(device))
+            f1_best = best_f1_thresholds(calibrated, targets)
+            self.thresholds.copy_(count_matched_thresholds(calibrated, targets, f1_best).to(device))
+            given = self.given_labels(calibrated.to(device)).float().sum(1).mean()
+            self.fitted |= {"labels_given": float(given), "labels_true": float(targets.sum(1).mean())}
+            figures["labels_given"] = self.fitted["labels_given"]
             return figures
-        # Both scores' thresholds are kept, so test and predict may switch model.reject_with on this checkpoint.
         correct = calibrated.argmax(-1) == targets
-        by_score = {score: self.scores(logits.to(device), score).cpu() for score in ("msp", "energy")}
-        self.by_score = {
-            score: rejection_threshold(scores, correct, self.keep_correct) for score, scores in by_score.items()
+        sure = self.scores(logits.to(device), "msp").cpu()
+        keep = self.keep_correct
+        self.rejection.fill_(rejection_threshold(sure, correct, keep) if keep < 1 else -math.inf)
+        answered = self.answered(logits.to(device), None if features is None else features.to(device)).cpu()
+        self.fitted |= {
+            "coverage": float(answered.float().mean()),  # answered for neither reason
+            "kept_correct": float((sure >= self.rejection.cpu())[correct].float().mean()) if correct.any() else 1.0,
+            "answered_accuracy": float(correct[answered].float().mean()) if answered.any() else 0.0,
         }
-        if self.reject_with != "none":
-            scores = by_score[self.reject_with]
-            threshold = self.by_score[self.reject_with]
-            self.rejection.fill_(threshold)
-            answered = scores >= threshold
-            self.fitted |= {
-                "coverage": float(answered.float().mean()),
-                "kept_correct": float(answered[correct].float().mean()) if correct.any() else 1.0,
-                "answered_accuracy": float(correct[answered].float().mean()) if answered.any() else 0.0,
-            }
-            figures["coverage"] = self.fitted["coverage"]
+        figures["coverage"] = self.fitted["coverage"]
         return figures
 
-    # The checkpoint's record.
+    def _fit_domain(self, logits: Tensor, features: Tensor | None) -> dict[str, float]:
+        """Every score's in-domain threshold on these validation images (so evaluation may switch scores)."""
+        self.by_score = {}
+        for score in DOMAIN_SCORES:
+            scores = self.domain_scores(logits, None if features is None else features.to(logits.device), score)
+            if scores is not None:
+                self.by_score[score] = keeping_threshold(scores.cpu(), self.keep_in_domain)
+        self.domain_threshold.fill_(self.by_score.get(self.reject_with, -math.inf))
+        if self.reject_with != "none" and self.reject_with not in self.by_score:
+            rank_zero_info(
+                f'Calibration: no "{self.reject_with}" score could be fitted (the model gave no features, or '
+                "the data no training images): no image is answered unknown as unlike the training ones"
+            )
+        in_domain = self.in_domain(logits, None if features is None else features.to(logits.device))
+        self.fitted["in_domain"] = float(in_domain.float().mean())
+        return {"in_domain": self.fitted["in_domain"]}
+
+    # The checkpoint.
+    def save_to(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the record (plain numbers) and the bank of training features (one fp16 tensor) in ``checkpoint``."""
+        checkpoint[CHECKPOINT_KEY] = self.record()
+        if len(self.bank):
+            checkpoint[BANK_KEY] = self.bank.cpu()
+
+    def restore_from(self, checkpoint: dict[str, Any]) -> None:
+        """Take back what ``save_to`` kept (a checkpoint of an earlier release may hold less, or nothing)."""
+        self.restore(checkpoint.get(CHECKPOINT_KEY), checkpoint.get(BANK_KEY))
+
     def record(self) -> dict[str, Any]:
         """What the checkpoint keeps (plain numbers: the model card and other runtimes read them)."""
         record: dict[str, Any] = {
@@ -235,46 +339,52 @@ class Calibration(nn.Module):
             "temperature": self.temperature.cpu().tolist(),
             "fitted_on": {"split": "val", **self.fitted} if self.fitted else None,
         }
+        if self.by_score:
+            record["domain"] = {
+                "score": self.reject_with,
+                "threshold": float(self.domain_threshold),
+                "keep_in_domain": self.keep_in_domain,
+                "thresholds": dict(self.by_score),
+                "bank_images": len(self.bank),
+                "neighbours": neighbours(len(self.bank)) if len(self.bank) else None,
+            }
         if self.multilabel:
             record["thresholds"] = self.thresholds.cpu().tolist()
             return record
-        if self.by_score:
-            record["unknown_thresholds"] = {**self.by_score, "keep_correct": self.keep_correct}
-        if self.reject_with != "none":
+        if self.keep_correct < 1:
             record["rejection"] = {
-                "score": self.reject_with,
+                "score": "msp",
                 "threshold": float(self.rejection),
                 "keep_correct": self.keep_correct,
             }
         return record
 
-    def restore(self, record: dict[str, Any] | None) -> None:
-        """Take a checkpoint's record (None: a checkpoint of a release before calibration; nothing to take)."""
+    def restore(self, record: dict[str, Any] | None, bank: Tensor | None = None) -> None:
+        """Take a checkpoint's record and bank (None: a checkpoint of a release before them; nothing to take)."""
+        if bank is not None:
+            self.bank = bank.to(device=self.temperature.device, dtype=torch.float16)
         if not record:
             return
         self.temperature.copy_(torch.tensor(record["temperature"], dtype=torch.float32))
         if self.multilabel and record.get("thresholds") is not None:
             self.thresholds.copy_(torch.tensor(record["thresholds"], dtype=torch.float32))
         self.fitted = {key: value for key, value in (record.get("fitted_on") or {}).items() if key != "split"}
-        if self.multilabel or self.reject_with == "none":
-            return
-        by_score, rejection = record.get("unknown_thresholds") or {}, record.get("rejection")
-        self.by_score = {score: float(by_score[score]) for score in ("msp", "energy") if score in by_score}
-        kept = by_score.get("keep_correct", (rejection or {}).get("keep_correct"))
-        if kept is not None and kept != self.keep_correct:
-            rank_zero_info(
-                f'Calibration: the checkpoint\'s "unknown" threshold keeps {kept} of the correct validation answers, '
-                f"as fitted; model.keep_correct {self.keep_correct} takes a fit"
-            )
+        domain = record.get("domain") or {}
+        self.by_score = {score: float(value) for score, value in (domain.get("thresholds") or {}).items()}
+        kept = domain.get("keep_in_domain")
+        if kept is not None and kept != self.keep_in_domain:
+            rank_zero_info(f'Calibration: the checkpoint\'s "unknown" threshold keeps {kept} of the validation images, '
+                           f"as fitted; model.keep_in_domain {self.keep_in_domain} takes a fit")  # fmt: skip
         if self.reject_with in self.by_score:
-            self.rejection.fill_(self.by_score[self.reject_with])
-        elif rejection and rejection["score"] == self.reject_with:
+            self.domain_threshold.fill_(self.by_score[self.reject_with])
+        elif self.reject_with != "none":
+            self.domain_threshold.fill_(-math.inf)
+            rank_zero_info(f'Calibration: the checkpoint has no "{self.reject_with}" threshold for images unlike the '
+                           "training ones (a run of a release before 1.4, or a model without features): fit again "
+                           "to fit one")  # fmt: skip
+        rejection = record.get("rejection")
+        if not self.multilabel and rejection and rejection.get("score") == "msp" and self.keep_correct < 1:
             self.rejection.fill_(float(rejection["threshold"]))
-        else:  # a record that kept one score's threshold says nothing of the other score
-            rank_zero_info(
-                f'Calibration: the checkpoint has no "unknown" threshold for model.reject_with {self.reject_with}: '
-                "every image gets a class (fit again to fit one)"
-            )
 
 
 class TemperatureScaling(nn.Module):

@@ -22,7 +22,7 @@ import math
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 DomainScore = Literal["knn", "energy", "msp", "none"]
 DOMAIN_SCORES: tuple[str, ...] = ("knn", "energy", "msp")
@@ -78,3 +78,68 @@ def keeping_threshold(scores: Tensor, keep: float) -> float:
     if drop == 0:
         return float(ordered[0]) - 1e-6
     return (float(ordered[drop - 1]) + float(ordered[drop])) / 2
+
+
+def knn_graph_scores(features: Tensor, bank: Tensor, k: int) -> Tensor:
+    """``knn_scores`` in one expression, as an exported graph computes it (no loop over a dynamic batch)."""
+    cosine = torch.nn.functional.normalize(features, dim=1) @ bank.T
+    return -(2 - 2 * cosine.topk(k, dim=1).values[:, -1]).clamp_min(0).sqrt()
+
+
+def find_head(model: nn.Module, images: Tensor) -> nn.Module:
+    """The module of ``model.backbone`` whose input ``model.features(images)`` returns: the classifier head.
+
+    Found by watching every module once, so an exported graph can take the features from the same forward pass
+    as the logits, for any network the contract admits.
+    """
+    calls: list[tuple[nn.Module, Tensor]] = []
+
+    def watch(module: nn.Module, args: tuple) -> None:
+        if args and isinstance(args[0], Tensor):
+            calls.append((module, args[0]))
+
+    handles = [module.register_forward_pre_hook(watch) for module in model.backbone.modules()]
+    try:
+        with torch.no_grad():
+            features = model.features(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for module, received in reversed(calls):
+        flat = received.flatten(1)
+        if flat.shape == features.shape and torch.equal(flat, features):
+            return module
+    raise ValueError("no module of the backbone receives what features() returns")
+
+
+class ScoredNetwork(nn.Module):
+    """The inference network with the "unknown" score beside the calibrated logits: ``(logits, score)``.
+
+    What the exported files compute, so a deployment applies the card's rule to their second output without
+    the project's code: ``score < threshold`` is "unlike the training images". ``knn`` keeps the bank of training
+    features inside the graph (fp32, at most twice ``BANK_BYTES``).
+    """
+
+    def __init__(self, network: nn.Module, head: nn.Module, calibration: nn.Module) -> None:
+        super().__init__()
+        self.network, self.head = network, head
+        self.score, self.multilabel = calibration.reject_with, calibration.multilabel
+        self.register_buffer("bank", calibration.bank.float().clone())
+        self.register_buffer("temperature", calibration.temperature.float().clone())
+        self.k = neighbours(len(calibration.bank)) if len(calibration.bank) else 1
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        seen: list[Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda _module, args: seen.append(args[0]))
+        try:
+            logits = self.network(images)  # calibrated: the network divides by the temperature
+        finally:
+            hook.remove()
+        if self.score == "knn":
+            return logits, knn_graph_scores(seen[-1].flatten(1), self.bank, self.k)
+        if self.score == "energy":
+            if self.multilabel:
+                return logits, torch.nn.functional.softplus(logits).sum(dim=-1)
+            return logits, self.temperature * torch.logsumexp(logits, dim=-1)
+        probabilities = logits.sigmoid() if self.multilabel else logits.softmax(dim=-1)
+        return logits, probabilities.max(dim=-1).values

@@ -45,6 +45,20 @@ def head_input(head: nn.Module, run: Callable[[Tensor], Tensor], x: Tensor) -> T
     return seen[-1].flatten(1)
 
 
+def logits_and_features(head: nn.Module, run: Callable[[], Tensor]) -> tuple[Tensor, Tensor]:
+    """``run()``'s logits and, from the same forward passes, the features ``head`` received (averaged over the
+    views when ``run`` evaluates several): "unknown" scores at predict cost no second pass through the network."""
+    seen: list[Tensor] = []
+    hook = head.register_forward_pre_hook(lambda _module, args: seen.append(args[0].flatten(1)))
+    try:
+        logits = run()
+    finally:
+        hook.remove()
+    if not seen:
+        raise ValueError(f"the classifier head ({type(head).__name__}) was not called by the network's forward")
+    return logits, torch.stack(seen).mean(0) if len(seen) > 1 else seen[0]
+
+
 class SharedRecipe:
     """An optimizer or schedule recipe that a copy of the model shares instead of copying.
 

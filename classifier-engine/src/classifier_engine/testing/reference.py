@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import override
 
-from ..models.calibration import Calibration, RejectionScore
-from ..models.network_parts import Normalize, head_input
+from ..models.calibration import Calibration
+from ..models.domain import DomainScore
+from ..models.network_parts import Normalize, head_input, logits_and_features
 
 REFERENCE_CONFIG = Path(__file__).with_name("reference.yaml")
 
@@ -46,7 +47,8 @@ class ReferenceClassifier(L.LightningModule):
         task: str = "multiclass",
         width: int = 8,
         lr: float = 0.05,
-        reject_with: RejectionScore = "msp",
+        reject_with: DomainScore = "knn",
+        keep_in_domain: float = 0.95,
     ) -> None:
         """Build the network.
 
@@ -59,7 +61,8 @@ class ReferenceClassifier(L.LightningModule):
             task: multiclass or multilabel (linked from the data).
             width: Channels of the first convolution (doubled by each of the next two).
             lr: SGD's learning rate, constant over the run.
-            reject_with: Which score answers "unknown" (multi-class): msp, energy or none.
+            reject_with: Which score finds images unlike the training ones: knn (features), energy, msp or none.
+            keep_in_domain: The share of all validation images the "unknown" threshold keeps.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -78,7 +81,7 @@ class ReferenceClassifier(L.LightningModule):
             channels = out
         self.backbone = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes))
         self.test_time_augmentation = TestTimeAugmentation()
-        self.calibration = Calibration(task, num_classes, reject_with, 0.95)
+        self.calibration = Calibration(task, num_classes, reject_with, 0.95, keep_in_domain)
         self.example_input_array = torch.zeros(2, 3, image_size, image_size, dtype=torch.uint8)
 
     @override
@@ -122,11 +125,12 @@ class ReferenceClassifier(L.LightningModule):
 
     @override
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        return self.calibration.answers(self.evaluate(batch[0]))
+        logits, features = logits_and_features(self.backbone[-1], lambda: self.evaluate(batch[0]))
+        return self.calibration.answers(logits, features)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.calibration.restore(checkpoint.get("calibration"))
+        self.calibration.restore_from(checkpoint)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -17,7 +17,7 @@ from torchmetrics import MetricCollection
 from typing_extensions import override
 
 import classifier_engine as engine
-from classifier_engine import ClassWeights, LossFactory, RejectionScore, Task
+from classifier_engine import ClassWeights, DomainScore, LossFactory, Task
 
 from .backbones import BackboneFactory, FastCNN, build_backbone, head_of
 from .schedules import OneCycle, ScheduleFactory
@@ -45,7 +45,8 @@ class ImageClassifier(L.LightningModule):
         class_weights: ClassWeights = None,
         balanced_loss: bool = False,
         loss: LossFactory | None = None,
-        reject_with: RejectionScore = "msp",
+        reject_with: DomainScore = "knn",
+        keep_in_domain: float = 0.95,
         keep_correct: float = 0.95,
         optimizer: OptimizerCallable | None = None,
         lr_schedule: ScheduleFactory | None = None,
@@ -75,8 +76,9 @@ class ImageClassifier(L.LightningModule):
             balanced_loss: The same as class_weights: balanced (the name of releases before 1.2).
             loss: The training loss instead of the task's own (cross-entropy, or BCE with logits for multi-label),
                 e.g. class_path: timm.loss.AsymmetricLossMultiLabel; called with the class weights, if any.
-            reject_with: Which score answers "unknown" (multi-class): msp (top calibrated probability), energy or none.
-            keep_correct: The "unknown" threshold keeps this share of the correct validation answers.
+            reject_with: Score of "unknown" for images unlike the training ones: knn (features), energy, msp or none.
+            keep_in_domain: The "unlike the training images" threshold keeps this share of all validation images.
+            keep_correct: One label: the "likely mistake" threshold keeps this share of correct validation answers.
             optimizer: Optimizer class and arguments; defaults to SGD(lr=0.1, momentum=0.9, nesterov, wd=5e-4).
             lr_schedule: Per-step learning-rate schedule over the run (models/schedules.py: OneCycle, {% if cookiecutter.dataset == "images" %}WarmupCosine{% else %}Triangle{% endif %},
                 Constant; OneCycle by default).
@@ -108,7 +110,7 @@ class ImageClassifier(L.LightningModule):
         weights = engine.loss_weights(class_weights or ("balanced" if balanced_loss else None), self.class_names,
                                class_counts, task, images_counted)  # fmt: skip
         self.criterion = engine.build_loss(task, loss, weights, label_smoothing)
-        self.calibration = engine.Calibration(task, num_classes, reject_with, keep_correct)
+        self.calibration = engine.Calibration(task, num_classes, reject_with, keep_correct, keep_in_domain)
         metrics = engine.evaluation_metrics(task, num_classes, imbalanced=engine.is_imbalanced(class_counts))
         self.val_metrics, self.test_metrics = metrics.clone(prefix="val/"), metrics.clone(prefix="test/")
         self.example_input_array = torch.zeros(2, 3, image_size, image_size, dtype=torch.uint8)
@@ -177,13 +179,15 @@ class ImageClassifier(L.LightningModule):
 
     @override
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Calibrated probabilities, and which images get an answer (multi-label: which labels each gets)."""
-        return self.calibration.answers(self.evaluate(batch[0]))
+        """Calibrated probabilities, which images get an answer (multi-label: which labels each gets), and how
+        like the training images each is (its features come from the same forward pass)."""
+        logits, features = engine.logits_and_features(head_of(self.backbone), lambda: self.evaluate(batch[0]))
+        return self.calibration.answers(logits, features)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """The fitted calibration, for ``load_from_checkpoint`` outside a command too (commands restore it anyway)."""
-        self.calibration.restore(checkpoint.get("calibration"))
+        self.calibration.restore_from(checkpoint)
 
     @override
     def configure_optimizers(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from .evaluation import (
     judge,
     measure_parity,
     onnx_predictor,
+    score_predictor,
     torch_predictor,
 )
 from .model_card import CARD_JSON, CARD_MARKDOWN, build_card, write_card
@@ -101,6 +102,7 @@ class Built:
     parity: Parity | None = None
     accuracy: Accuracy | LabelScores | None = None
     logits: np.ndarray | None = field(default=None, repr=False)
+    unlike_training: int | None = None  # judged images whose "score" output is below the card's threshold
 
 
 def check_options(options: ExportOptions) -> None:
@@ -199,9 +201,14 @@ def evaluate(
     count = len(held_out.labels) if options.eval_limit is None else min(options.eval_limit, len(held_out.labels))
     images, labels = held_out.images[:count], np.asarray(held_out.labels[:count])
     thresholds = label_thresholds(model) if labels.ndim == 2 else None
+    unknown_below = float(model.calibration.domain_threshold)
     for artifact in built.values():
         artifact.logits = all_logits(artifact.predictor, images, options.eval_batch_size)
         artifact.accuracy = judge(artifact.logits, labels, thresholds)
+        scorer = score_predictor(artifact.path)
+        if scorer is not None:  # the card's rule, counted on the file's own second output
+            scores = all_logits(scorer, images, options.eval_batch_size)
+            artifact.unlike_training = int((scores < unknown_below).sum())
     return judge(
         all_logits(torch_predictor(model.network().eval()), images, options.eval_batch_size), labels, thresholds
     )
@@ -240,6 +247,7 @@ def describe(artifact: Built) -> dict:
         "sha256": sha256(artifact.path),
         "parity": artifact.parity.as_dict() if artifact.parity else None,
         "accuracy": artifact.accuracy.as_dict() if artifact.accuracy else None,
+        "unlike_training_images": artifact.unlike_training,  # answered "unknown" by its score output
     }
 
 

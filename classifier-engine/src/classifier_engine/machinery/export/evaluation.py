@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .contract import INPUT_NAME, OUTPUT_NAME, sample_images
+from .contract import INPUT_NAME, OUTPUT_NAME, SCORE_NAME, sample_images
 
 # uint8 images (N, 3, 32, 32) -> float32 logits (N, classes)
 Predictor = Callable[[np.ndarray], np.ndarray]
@@ -235,9 +235,31 @@ def onnx_predictor(path: Path, threads: int | None = None) -> Predictor:
     return lambda images: session.run([OUTPUT_NAME], {INPUT_NAME: images})[0]
 
 
+def score_predictor(path: Path) -> Predictor | None:
+    """The ``score`` output of an exported file (None where the file has none): what the card's rule reads."""
+    if path.suffix == ".onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        if SCORE_NAME not in [output.name for output in session.get_outputs()]:
+            return None
+        return lambda images: session.run([SCORE_NAME], {INPUT_NAME: images})[0]
+    exported = torch.export.load(str(path))
+    if len(exported.graph_signature.user_outputs) != 2:
+        return None
+    program = exported.module()
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return program(torch.from_numpy(images))[1].float().numpy()
+
+    return predict
+
+
 def torch_predictor(module: torch.nn.Module) -> Predictor:
     def predict(images: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return module(torch.from_numpy(images)).float().numpy()
+            output = module(torch.from_numpy(images))
+            return (output[0] if isinstance(output, tuple) else output).float().numpy()  # the logits of (logits, score)
 
     return predict

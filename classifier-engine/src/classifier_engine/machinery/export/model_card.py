@@ -12,7 +12,7 @@ from ...data.preprocessing import Preprocessing
 from ...foundation.files import sha256
 from ...models.calibration import CHECKPOINT_KEY
 from ...models.cost import ModelCost
-from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME
+from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, SCORE_NAME
 from .evaluation import describe_parity
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
@@ -109,6 +109,7 @@ def build_card(
                 "shape": ["batch", len(model.class_names)],
                 "meaning": output_meaning(task, calibration),
             },
+            "score_output": score_output(calibration),
             "calibration": calibration,
             "class_names": list(model.class_names),
             "cost": cost.as_dict(),
@@ -141,18 +142,50 @@ def calibration_record(checkpoint: dict) -> dict | None:
         )
     else:
         card["how"] = "class probabilities = softmax(output)"
-    rejection = record.get("rejection")
-    if rejection:
-        fitted = record.get("fitted_on") or {}
-        score = ("max(softmax(output))" if rejection["score"] == "msp"
-                 else f"{record['temperature'][0]:.6g} x logsumexp(output)")  # fmt: skip
-        card["unknown"] = {
-            **rejection,
-            "rule": f"answer 'unknown' where {score} < {rejection['threshold']:.6g}",
-            "coverage_on_validation": fitted.get("coverage"),
-            "answered_accuracy_on_validation": fitted.get("answered_accuracy"),
+    fitted = record.get("fitted_on") or {}
+    domain, rejection = record.get("domain"), record.get("rejection")
+    unknown: dict = {}
+    if domain and domain.get("score") in (domain.get("thresholds") or {}):
+        unknown["unlike_training"] = {
+            "score": domain["score"],
+            "threshold": domain["threshold"],
+            "keep_in_domain": domain["keep_in_domain"],
+            "rule": f"answer 'unknown' where output 'score' < {domain['threshold']:.6g}",
+            "how": SCORE_MEANINGS[domain["score"]].format(k=domain.get("neighbours"), n=domain.get("bank_images")),
+            "in_domain_on_validation": fitted.get("in_domain"),
         }
+    if rejection:
+        probability = "max(softmax(logits))"
+        unknown["likely_mistake"] = {
+            **rejection,
+            "rule": f"answer 'unknown' where {probability} < {rejection['threshold']:.6g}",
+        }
+    if unknown:
+        unknown |= {"coverage_on_validation": fitted.get("coverage", fitted.get("in_domain")),
+                    "answered_accuracy_on_validation": fitted.get("answered_accuracy")}  # fmt: skip
+        card["unknown"] = unknown
+    if "labels_given" in fitted:
+        card["labels_per_image_on_validation"] = {"given": fitted["labels_given"], "true": fitted["labels_true"]}
     return card
+
+
+# What the second output, ``score``, is (higher: more like the training images).
+SCORE_MEANINGS = {
+    "knn": "minus the distance from the L2-normalized penultimate features to the k-th nearest (k = {k}) of {n} "
+    "training images' (Sun et al., ICML 2022)",
+    "energy": "the negative energy of the logits: T x logsumexp(logits) (one label; Liu et al., NeurIPS 2020), "
+    "sum(log(1 + exp(logits))) (several; Wang et al., NeurIPS 2021)",
+    "msp": "the top probability: max(softmax(logits)) (several labels: max(sigmoid(logits)))",
+}
+
+
+def score_output(calibration: dict | None) -> dict | None:
+    """The files' second output, where the model has an "unknown" score for images unlike the training ones."""
+    rule = ((calibration or {}).get("unknown") or {}).get("unlike_training")
+    if rule is None:
+        return None
+    meaning = f"{rule['how']}; higher is more like the training images; {rule['rule']}"
+    return {"name": SCORE_NAME, "dtype": "float32", "shape": ["batch"], "meaning": meaning}
 
 
 def output_meaning(task: str, calibration: dict | None) -> str:
@@ -255,12 +288,20 @@ def calibration_lines(calibration: dict | None) -> list[str]:
     if calibration.get("thresholds") is not None:
         lines.append("- Thresholds (sigmoid(output) >= t gives the label): "
                      + ", ".join(f"{t:.4f}" for t in calibration["thresholds"]))  # fmt: skip
-    unknown = calibration.get("unknown")
-    if unknown:
-        coverage = unknown.get("coverage_on_validation")
-        answered = f"; on validation it answers {percent(coverage)} of the images" if coverage is not None else ""
-        lines.append(f"- Unknown: {unknown['rule']} (keeps {percent(unknown['keep_correct'])} of the correct "
-                     f"validation answers{answered})")  # fmt: skip
+    unknown = calibration.get("unknown") or {}
+    if "unlike_training" in unknown:
+        rule = unknown["unlike_training"]
+        lines.append(f"- Unknown, unlike the training images: {rule['rule']}; score = {rule['how']} (keeps "
+                     f"{percent(rule['keep_in_domain'])} of all validation images)")  # fmt: skip
+    if "likely_mistake" in unknown:
+        rule = unknown["likely_mistake"]
+        lines.append(f"- Unknown, a likely mistake: {rule['rule']} (keeps {percent(rule['keep_correct'])} of the "
+                     "correct validation answers)")  # fmt: skip
+    if unknown.get("coverage_on_validation") is not None:
+        lines.append(f"- On validation the model answers {percent(unknown['coverage_on_validation'])} of the images")
+    counts = calibration.get("labels_per_image_on_validation")
+    if counts:
+        lines.append(f"- Labels per image on validation: {counts['given']:.1f} given, {counts['true']:.1f} true")
     return lines
 
 

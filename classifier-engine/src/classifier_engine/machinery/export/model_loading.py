@@ -7,7 +7,6 @@ from pathlib import Path
 
 from ...contract import ClassifierModel, check_model
 from ...foundation.errors import parse_error_line
-from ...models.calibration import CHECKPOINT_KEY as CALIBRATION_KEY
 from ..checkpoint_io import CheckpointError, read_checkpoint
 from ..checkpoint_trust import ClassTrust
 from .errors import ExportError
@@ -35,5 +34,5 @@ def load_model(ckpt_path: Path, model_class: type, trusted: Iterable[str] = ()) 
         raise ExportError(f"{ckpt_path} does not rebuild a {model_class.__name__}: {reason}") from error
     check_model(model)
     # The calibration fitted in training (the CLI's CalibrationFit callback restores it; here no trainer runs).
-    model.calibration.restore(checkpoint.get(CALIBRATION_KEY))
+    model.calibration.restore_from(checkpoint)
     return model.eval(), checkpoint

@@ -7,15 +7,16 @@ from pathlib import Path
 import torch
 
 from ...contract import ClassifierModel
-from .contract import INPUT_NAME, OUTPUT_NAME, dynamic_batch, sample_images
+from .contract import INPUT_NAME, dynamic_batch, inference_module, output_names, sample_images
 from .errors import ExportError
 
 
 def export_onnx(model: ClassifierModel, output: Path, opset: int | None = None) -> None:
     """Export the eval-mode network to ``output`` (a staged name: see staging.py) and check the file."""
     try:
+        module = inference_module(model).eval()  # calibrated logits (and the "unknown" score), as the card says
         torch.onnx.export(
-            model.network().eval(),  # the contract's inference network: calibrated logits, as the card says
+            module,
             (sample_images(2, size=model.image_size),),
             str(output),
             dynamo=True,
@@ -23,7 +24,7 @@ def export_onnx(model: ClassifierModel, output: Path, opset: int | None = None) 
             verbose=False,
             opset_version=opset,
             input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
+            output_names=output_names(module),
             dynamic_shapes=dynamic_batch(),
         )
         strip_source_locations(output)

@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 
 from ...contract import ClassifierModel
-from .contract import dynamic_batch, sample_images
+from .contract import dynamic_batch, inference_module, sample_images
 from .errors import ExportError
 
 
 def export_program(model: ClassifierModel, output: Path) -> None:
     """Trace the eval-mode network with a dynamic batch and save it to ``output``."""
     try:
-        network = model.network().eval()  # the contract's inference network: calibrated logits, as the card says
+        network = inference_module(model).eval()  # calibrated logits (and the "unknown" score), as the card says
         program = torch.export.export(
             network, (sample_images(2, size=model.image_size),), dynamic_shapes=dynamic_batch()
         )

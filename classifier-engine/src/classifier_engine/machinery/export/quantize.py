@@ -26,7 +26,7 @@ import numpy as np
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from .contract import INPUT_NAME
+from .contract import INPUT_NAME, SCORE_NAME
 from .errors import ExportCheckError
 
 CalibrationMethodName = Literal["minmax", "percentile", "entropy"]
@@ -94,6 +94,7 @@ def _quantize(
         # ONNX's own shape inference and graph optimization; onnxruntime's symbolic shape inference is
         # for transformer graphs and trips over the exporter's Reshape of a dynamic batch.
         quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
+        kept_in_float = score_nodes(prepared)
         # The calibrators print progress ("Collecting tensor data ...") to stdout: the export's own table is the output.
         with contextlib.redirect_stdout(io.StringIO()):
             quantize_static(
@@ -105,6 +106,7 @@ def _quantize(
                 activation_type=QuantType.QInt8 if calibration.symmetric_activations else QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=method,
+                nodes_to_exclude=kept_in_float,
                 extra_options={
                     "ActivationSymmetric": calibration.symmetric_activations,
                     "WeightSymmetric": True,
@@ -113,3 +115,20 @@ def _quantize(
                     "QDQOpTypePerChannelSupportToAxis": {"BatchNormalization": 0},
                 },
             )
+
+
+def score_nodes(path: Path) -> list[str]:
+    """The nodes that compute the "unknown" score from the features, left in float: quantized, the product with
+    the bank of training features moved the score by a tenth of its spread on the tests' network, and the card's
+    threshold was fitted in float. They are the graph's own, outside the network's modules (``name_scopes``)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    if SCORE_NAME not in [output.name for output in model.graph.output]:
+        return []
+    outside = []
+    for node in model.graph.node:
+        scopes = next((prop.value for prop in node.metadata_props if prop.key == "pkg.torch.onnx.name_scopes"), "")
+        if scopes and not scopes.startswith("['', 'network'"):
+            outside.append(node.name)
+    return outside

@@ -1,0 +1,113 @@
+""" "Unknown" for images unlike the training ones: the kNN score against its published formula, the thresholds,
+label sets of the right size, and a real ``predict`` that says unknown for images of another kind.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from classifier_engine import Calibration
+from classifier_engine.models.calibration import best_f1_thresholds, count_matched_thresholds
+from classifier_engine.models.domain import bank_capacity, keeping_threshold, knn_scores, neighbours, normalized_bank
+
+from .conftest import only_run_dir, reference
+
+
+def test_the_knn_score_is_minus_the_distance_to_the_k_th_nearest_normalized_training_feature():
+    """Sun et al. (ICML 2022): z = f / ||f||; score = -||z - z_(k)||, z_(k) the k-th nearest normalized training
+    feature; here computed by brute force with ``torch.cdist`` and a sort, against the chunked product."""
+    generator = torch.Generator().manual_seed(0)
+    training, queries = torch.randn(300, 16, generator=generator), torch.randn(70, 16, generator=generator) * 3
+    bank = normalized_bank(training)
+    for k in (1, 5, 50):
+        distances = torch.cdist(torch.nn.functional.normalize(queries, dim=1), bank.float())
+        expected = -distances.sort(dim=1).values[:, k - 1]
+        assert torch.allclose(knn_scores(queries, bank, k, chunk=16), expected, atol=1e-3)  # an fp16 bank
+    assert knn_scores(training[:3], bank, 1).abs().max() < 2e-2  # a training image is its own nearest (fp16 bank)
+
+
+def test_the_bank_is_bounded_and_k_follows_the_share_of_the_training_images_kept():
+    assert bank_capacity(1280) == 5000 and bank_capacity(4096) == 20 * 2**20 // (2 * 4096)
+    assert bank_capacity(4096) * 4096 * 2 <= 20 * 2**20  # at most 20 MiB of fp16
+    assert [neighbours(n) for n in (1, 245, 5000, 50_000, 1_000_000)] == [1, 1, 5, 50, 1000]
+
+
+def test_the_in_domain_threshold_keeps_the_stated_share_of_all_validation_images():
+    scores = torch.linspace(-1, 0, 200)
+    for keep in (0.5, 0.9, 0.95, 0.99):
+        assert float((scores >= keeping_threshold(scores, keep)).float().mean()) == pytest.approx(keep)
+    assert keeping_threshold(scores, 1.0) == -math.inf
+
+
+def test_label_sets_given_average_the_true_count_where_f1_best_thresholds_give_too_many():
+    """A middling multi-label model: F1-best thresholds give far more labels than the images have; moved
+    together, they give the true mean count (within one label in a hundred images)."""
+    rng = np.random.default_rng(0)
+    targets = torch.from_numpy(rng.random((400, 12)) < 0.25).float()
+    noisy = torch.from_numpy(rng.normal(0, 2.5, (400, 12))).float()
+    probabilities = torch.sigmoid(2 * targets - 1 + noisy)
+    f1_best = best_f1_thresholds(probabilities, targets)
+    true_mean = float(targets.sum(1).mean())
+    assert float((probabilities >= f1_best).sum(1).float().mean()) > 1.3 * true_mean  # the problem
+    matched = count_matched_thresholds(probabilities, targets, f1_best)
+    assert abs(float((probabilities >= matched).sum(1).float().mean()) - true_mean) < 0.01
+    order = lambda t: torch.argsort(torch.logit(t))  # noqa: E731 (the classes keep their order)
+    assert torch.equal(order(matched), order(f1_best))
+
+
+def test_an_image_unlike_the_training_ones_gets_no_labels_and_the_answers_say_why():
+    calibration = Calibration("multilabel", 3, "knn", keep_in_domain=0.9)
+    generator = torch.Generator().manual_seed(1)
+    training = torch.randn(100, 8, generator=generator) + torch.tensor([5.0] + [0.0] * 7)
+    validation = torch.randn(50, 8, generator=generator) + torch.tensor([5.0] + [0.0] * 7)
+    logits = torch.randn(50, 3, generator=generator) * 3
+    calibration.collect(logits, (logits > 0).long(), validation)
+    figures = calibration.fit(training)
+    assert figures["in_domain"] == pytest.approx(0.9) and calibration.fitted["labels_given"] > 0
+    odd = -training[:4]  # the opposite direction: as far from every training feature as can be
+    answer = calibration.answers(torch.full((4, 3), 5.0), odd)
+    assert not answer["in_domain"].any() and not answer["labels"].any()
+    checkpoint: dict = {}
+    calibration.save_to(checkpoint)
+    restored = Calibration("multilabel", 3, "knn", keep_in_domain=0.9)
+    restored.restore_from(checkpoint)
+    assert torch.equal(restored.bank, calibration.bank) and restored.record() == calibration.record()
+
+
+def write_patterns(folder, count: int = 12) -> None:
+    """Images of another kind than the training photos: grey stripes and checkerboards of several periods."""
+    folder.mkdir(parents=True)
+    for index in range(count):
+        period = 2 + index % 6
+        grid = (np.indices((64, 64)) // period).sum(0) % 2 if index % 2 else (np.arange(64) // period % 2)[None]
+        pixels = np.broadcast_to(grid * 255, (64, 64)).astype(np.uint8)
+        Image.fromarray(pixels).convert("RGB").save(folder / f"pattern{index:02d}.png")
+
+
+def predictions_of(project, predict_dir: str) -> list[dict[str, str]]:
+    """``predict`` of the trained run on ``predict_dir``, as the user types it; the rows of its CSV."""
+    run_dir = only_run_dir(project)
+    reference("predict", "--config", str(run_dir / "config.yaml"), "--ckpt_path=last",
+              f"--data.predict_dir={predict_dir}", cwd=project)  # fmt: skip
+    newest = max(run_dir.glob("predict/*/predictions.csv"), key=lambda path: path.stat().st_mtime_ns)
+    return list(csv.DictReader(newest.read_text().splitlines()))
+
+
+def test_predict_answers_unknown_for_images_of_another_kind_and_answers_images_like_the_training_ones(
+    trained, tmp_path
+):
+    project = tmp_path / "project"
+    shutil.copytree(trained, project, symlinks=True)
+    write_patterns(project / "patterns")
+    rows = predictions_of(project, "patterns")
+    unlike = [row for row in rows if row["unknown_because"] == "unlike the training images"]
+    assert len(rows) == 12 and len(unlike) >= 11 and all(row["predicted"] == "unknown" for row in unlike)
+    rows = predictions_of(project, "photos")  # the training and validation photos themselves
+    assert len(rows) == 72 and sum(row["unknown_because"] != "unlike the training images" for row in rows) >= 65
