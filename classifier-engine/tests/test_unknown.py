@@ -16,8 +16,9 @@ from PIL import Image
 from classifier_engine import Calibration
 from classifier_engine.models.calibration import best_f1_thresholds, count_matched_thresholds
 from classifier_engine.models.domain import bank_capacity, keeping_threshold, knn_scores, neighbours, normalized_bank
+from classifier_engine.testing.reference import ReferenceClassifier
 
-from .conftest import only_run_dir, reference
+from .conftest import only_run_dir, reference, write_image_folder
 
 
 def test_the_knn_score_is_minus_the_distance_to_the_k_th_nearest_normalized_training_feature():
@@ -111,3 +112,23 @@ def test_predict_answers_unknown_for_images_of_another_kind_and_answers_images_l
     assert len(rows) == 12 and len(unlike) >= 11 and all(row["predicted"] == "unknown" for row in unlike)
     rows = predictions_of(project, "photos")  # the training and validation photos themselves
     assert len(rows) == 72 and sum(row["unknown_because"] != "unlike the training images" for row in rows) >= 65
+
+
+def test_the_bank_holds_the_features_of_the_weights_the_checkpoint_keeps_under_a_weight_average(tmp_path):
+    """A weight average is swapped in for validation and out at its end: the bank is made while it is in, so
+    every training image is at distance 0 from itself in the checkpoint's bank."""
+    write_image_folder(tmp_path / "photos", per_class=12)
+    reference("fit", "--data.image_dir=photos", "--trainer.max_epochs=2",
+              "--trainer.callbacks+=lightning.pytorch.callbacks.WeightAveraging", cwd=tmp_path)  # fmt: skip
+    last = only_run_dir(tmp_path) / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    model = ReferenceClassifier.load_from_checkpoint(last, map_location="cpu", weights_only=True).eval()
+    model.calibration.restore_from(checkpoint)
+    photos = sorted((tmp_path / "photos").rglob("*.*"))
+    images = np.stack(
+        [np.asarray(Image.open(path).convert("RGB").resize((32, 32))).transpose(2, 0, 1) for path in photos]
+    )
+    with torch.no_grad():
+        features = model.features(torch.from_numpy(images))
+    nearest = knn_scores(features, model.calibration.bank, 1).abs()
+    assert len(model.calibration.bank) == 27 and int((nearest < 0.02).sum()) >= 25  # the training images' own rows

@@ -16,7 +16,7 @@ from classifier_engine.testing.cifar_archives import write_archive
 from .conftest import NUM_TRAIN, PHOTO_ROOT, PROJECT_ROOT, cli_env, make_images, write_tiny_archive
 
 # The project each benchmark measures (run from elsewhere, it is named by BENCH_PROJECT): photos or CIFAR.
-PHOTO_BENCHMARKS = {"bench_folder.py", "bench_stream.py", "bench_finetune.py"}
+PHOTO_BENCHMARKS = {"bench_folder.py", "bench_stream.py", "bench_finetune.py", "bench_unknown.py"}
 
 
 def bench_command(script: str) -> list[str]:
@@ -100,6 +100,25 @@ def test_the_finetune_benchmark_runs_the_default_the_plain_recipe_and_the_plain_
         assert figures[f"{arm}_top1_sd"] == 0.0  # one seed
     gain = 100 * (figures["default_top1"] - figures["script_top1"])
     assert figures["default_minus_script_points"] == pytest.approx(gain, abs=1e-6)
+    assert list(tmp_path.iterdir()) == []  # its runs went to a temporary folder
+
+
+def test_the_unknown_benchmark_scores_in_domain_far_and_near_photos_and_the_mosaics(tmp_path):
+    result = subprocess.run(
+        [*bench_command("bench_unknown.py"), "--quick", "--mosaics"],
+        cwd=tmp_path, env=bench_env("bench_unknown.py", HF_HUB_OFFLINE="1"), capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    *table, last = result.stdout.strip().splitlines()
+    figures = json.loads(last)
+    assert {"warm/far", "warm/near", "cool/far", "cool/near", "mosaics", "predict_cost_ratio"} <= figures.keys()
+    for score in ("knn", "mahalanobis", "vim", "energy", "msp"):
+        row = figures["warm/far"][score]
+        assert 0 <= row["auroc"] <= 1 and 0 <= row["fpr95"] <= 1 and 0 <= row["unknown"] <= 1
+    rows = [line for line in table if line.startswith("| warm | far | 0 |")]
+    assert len(rows) == 5 and figures["predict_cost_ratio"] > 0
+    assert figures["mosaics"]["count_matched_given_per_image"] > 0 and figures["mosaics"]["true_per_image"] > 1
     assert list(tmp_path.iterdir()) == []  # its runs went to a temporary folder
 
 

@@ -130,7 +130,7 @@ def test_export_ships_three_artifacts_each_judged_on_the_real_test_split(trained
         logits = {
             "onnx": fp32.run(None, {"images": images})[0],
             "int8": int8.run(None, {"images": images})[0],
-            "pt2": program(torch.from_numpy(images)).numpy(),
+            "pt2": program(torch.from_numpy(images))[0].numpy(),  # (logits, score)
         }
         eager = model(torch.from_numpy(images)).numpy()
     for name, values in logits.items():
@@ -162,9 +162,17 @@ def test_export_ships_three_artifacts_each_judged_on_the_real_test_split(trained
         if node.op_type == "DequantizeLinear" and node.input[0] in int8_weights
     ]
     assert weight_scales and all(len(scale.dims) == 1 and scale.dims[0] > 1 for scale in weight_scales)  # per channel
+    assert [output.name for output in graph.graph.output] == ["logits", "score"]  # the "unknown" score beside
     for batch in (1, 5):
-        assert program(sample_images(batch)).shape == (batch, len(DATASET.class_names))
+        logits, score = program(sample_images(batch))
+        assert logits.shape == (batch, len(DATASET.class_names)) and score.shape == (batch,)
         assert int8.run(None, {"images": sample_images(batch).numpy()})[0].shape == (batch, len(DATASET.class_names))
+    # Each file's answers by the card's rule, counted again from its own score output.
+    rule = card["calibration"]["unknown"]["unlike_training"]
+    scores = {"onnx": fp32.run(["score"], {"images": images})[0], "int8": int8.run(["score"], {"images": images})[0],
+              "pt2": program(torch.from_numpy(images))[1].detach().numpy()}  # fmt: skip
+    for name, values in scores.items():
+        assert card["artifacts"][name]["unlike_training_images"] == int((values < rule["threshold"]).sum()), name
 
     stored = torch.load(trained, weights_only=True)
     assert card["source"]["config_hash"] == stored["config_hash"]

@@ -110,10 +110,10 @@ def host_reads(
         monkeypatch.setattr(torch.Tensor, name, counted)
     fit_calibration = Calibration.fit
 
-    def uncounted_fit(self):  # once per validation, on the CPU; how many reads depends on LBFGS's iterations
+    def uncounted_fit(self, *args):  # once per validation, on the CPU; how many reads depends on LBFGS's iterations
         active, counts["active"] = counts["active"], 0
         try:
-            return fit_calibration(self)
+            return fit_calibration(self, *args)
         finally:
             counts["active"] = active
 

@@ -53,11 +53,15 @@ def test_test_writes_a_report_of_every_class_and_the_most_confident_mistakes_wit
     mistakes = list(csv.DictReader((report.parent / "mistakes.csv").read_text().splitlines()))
     assert 6 <= len(mistakes) <= 12 and all(row["true"] != row["predicted"] for row in mistakes)  # test/ is mislabelled
     assert page.count("<figure>") == len(mistakes)  # every mistake (up to 24), most confident first
-    # Each mistake as seen and with its overlay, embedded; and three charts: reliability before and after
-    # temperature scaling, accuracy against coverage.
-    assert page.count('src="data:image/png;base64,') == 2 * len(mistakes) + 3
-    for chart in ('alt="uncalibrated reliability"', 'alt="calibrated reliability"', 'alt="accuracy against coverage"'):
-        assert chart in page
+    # Each mistake as seen and with its overlay, embedded; four charts: reliability before and after temperature
+    # scaling, accuracy against coverage, the test images against the "unlike the training images" threshold; and
+    # the 12 test images least like the training ones, least first.
+    assert page.count('src="data:image/png;base64,') == 2 * len(mistakes) + 4 + 12
+    charts = ("uncalibrated reliability", "calibrated reliability", "accuracy against coverage",
+              "share of test images against the score")  # fmt: skip
+    assert all(f'alt="{chart}"' in page for chart in charts)
+    unusual = re.findall(r'<span class="unusual">.*?score (-?[0-9.e-]+)', page)
+    assert len(unusual) == 12 and [float(s) for s in unusual] == sorted(float(s) for s in unusual)
     assert not re.search(r'src="(?!data:)', page)  # nothing the page would fetch
     assert [float(row["p_predicted"]) for row in mistakes] == sorted((float(r["p_predicted"]) for r in mistakes),
                                                                       reverse=True)  # fmt: skip

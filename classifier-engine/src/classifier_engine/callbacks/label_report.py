@@ -206,7 +206,7 @@ def multilabel_summary(figures: list[LabelFigures], probabilities: np.ndarray, l
     return {
         "mAP": f"{100 * float(np.mean(scored)):.2f} %" if scored else "-",
         "F1 at the thresholds": f"macro {100 * np.mean([r.f1 for r in figures]):.2f} %, micro {100 * micro:.2f} %",
-        "labels per image": f"{present.sum(axis=1).mean():.2f} true, {given.sum(axis=1).mean():.2f} given",
+        "labels per image": f"{given.sum(axis=1).mean():.1f} given, {present.sum(axis=1).mean():.1f} true",
     }
 
 

@@ -47,13 +47,18 @@ EXCLUDED_KEYS: tuple[str, ...] = (
 ADDED_SINCE_1_0: dict[str, Any] = {
     "model.class_weights": None,
     "model.loss": None,
-    "model.reject_with": "msp",  # fitted after each validation; training is unchanged
     "model.keep_correct": 0.95,
     "model.keep_in_domain": 0.95,  # the "unlike the training images" threshold, fitted after each validation
     "data.init_args.task": "auto",
     "data.init_args.sampler": "shuffle",
     "data.init_args.allow_paths_outside": False,  # true is recorded: such a run read files outside its list's folder
     "data.init_args.source": None,  # a folder DataModule packing its image_dir, as before 1.4
+}
+# Settings whose default changed without changing what is trained: each of these values names the run as the
+# setting left unset did. ``reject_with`` chooses which fitted threshold answers "unknown" (1.0-1.3: msp; since
+# 1.4: knn); every score's threshold is fitted after each validation whichever is chosen.
+UNSET_AS: dict[str, tuple[Any, ...]] = {
+    "model.reject_with": ("msp", "knn"),
 }
 # Keys left out when another key is unset: they apply only beside it.
 ONLY_WITH: dict[str, str] = {
@@ -104,5 +109,8 @@ def canonical_config(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_
         _drop(pruned, key.split("."))
     for key, value in ADDED_SINCE_1_0.items():
         if _value(pruned, key.split(".")) == value:
+            _drop(pruned, key.split("."))
+    for key, values in UNSET_AS.items():
+        if _value(pruned, key.split(".")) in values:
             _drop(pruned, key.split("."))
     return json.dumps(pruned, sort_keys=True, separators=(",", ":"), default=str)

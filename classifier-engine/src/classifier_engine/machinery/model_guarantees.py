@@ -45,9 +45,13 @@ class CalibrationFit(L.Callback):
     from the contract's ``features()``: one forward pass each, without gradients, at validation only.
     """
 
+    def __init__(self) -> None:
+        self.training_features: Tensor | None = None
+
     @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         pl_module.calibration.reset()
+        self.training_features = None
 
     @override
     def on_validation_batch_end(
@@ -55,6 +59,10 @@ class CalibrationFit(L.Callback):
     ) -> None:
         if not fitting(trainer):
             return
+        if self.training_features is None:
+            # Here, not at the epoch's end: the weights validated are the ones checkpointed (a weight average is
+            # swapped in for validation at its start, and back out at its end).
+            self.training_features = training_features(trainer, pl_module)
         images, labels = batch[0], batch[1]
         logits = outputs
         with torch.no_grad():
@@ -68,8 +76,10 @@ class CalibrationFit(L.Callback):
         # Fitted on this validation's images (every rank's: the same numbers on each), before the checkpoints
         # of this validation are written.
         if fitting(trainer):
-            bank = training_features(trainer, pl_module)
-            figures = {f"val/{name}": value for name, value in pl_module.calibration.fit(bank).items()}
+            figures = {
+                f"val/{name}": value for name, value in pl_module.calibration.fit(self.training_features).items()
+            }
+            self.training_features = None
             pl_module.log_dict(figures, sync_dist=True)
 
     @override

@@ -170,7 +170,8 @@ class Calibration(nn.Module):
         self.register_buffer("thresholds", torch.full((num_classes,), 0.5), persistent=False)
         self.register_buffer("rejection", torch.tensor(-math.inf), persistent=False)  # the likely-mistake threshold
         self.register_buffer("domain_threshold", torch.tensor(-math.inf), persistent=False)
-        self.register_buffer("bank", torch.zeros(0, 0, dtype=torch.float16), persistent=False)
+        # Not a buffer: its shape changes when it is fitted, which a weight-averaged copy's buffers cannot follow.
+        self.bank = torch.zeros(0, 0, dtype=torch.float16)
         self.fitted: dict[str, Any] = {}  # what the last fit measured (the record's figures)
         self.by_score: dict[str, float] = {}  # the in-domain threshold of each score, fitted alike
         self._logits: list[Tensor] = []
@@ -202,6 +203,8 @@ class Calibration(nn.Module):
         if score == "knn":
             if features is None or not len(self.bank):
                 return None
+            if self.bank.device != features.device:  # moved once, where the features are
+                self.bank = self.bank.to(features.device)
             return knn_scores(features, self.bank)
         return self.scores(logits, score)
 
@@ -282,7 +285,7 @@ class Calibration(nn.Module):
         }
         figures = {"ece": self.fitted["ece_after"], "ece_uncalibrated": self.fitted["ece_before"]}
         if training_features is not None and len(training_features):
-            self.bank = normalized_bank(training_features).to(device)
+            self.bank = normalized_bank(training_features)
         figures |= self._fit_domain(logits.to(device), features)
         if self.multilabel:
             f1_best = best_f1_thresholds(calibrated, targets)
@@ -362,7 +365,7 @@ class Calibration(nn.Module):
     def restore(self, record: dict[str, Any] | None, bank: Tensor | None = None) -> None:
         """Take a checkpoint's record and bank (None: a checkpoint of a release before them; nothing to take)."""
         if bank is not None:
-            self.bank = bank.to(device=self.temperature.device, dtype=torch.float16)
+            self.bank = bank.to(dtype=torch.float16)
         if not record:
             return
         self.temperature.copy_(torch.tensor(record["temperature"], dtype=torch.float32))
