@@ -37,7 +37,7 @@ def test_a_fit_keeps_the_calibration_and_the_preprocessing_in_its_checkpoint(tra
     bank = checkpoint["domain_bank"]  # every training image's features (54: within the bound), fp16
     assert bank.dtype == torch.float16 and bank.shape == (54, 32)
     assert (
-        checkpoint["calibration"]["domain"]["score"] == "knn" and checkpoint["calibration"]["domain"]["neighbours"] == 1
+        checkpoint["calibration"]["domain"]["score"] == "knn" and checkpoint["calibration"]["domain"]["neighbours"] == 5
     )
     assert checkpoint["hyper_parameters"]["class_names"] == ["cat", "dog", "fish cake"]  # linked from the data
     logged = scalars(run_dir)

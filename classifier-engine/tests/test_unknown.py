@@ -37,7 +37,7 @@ def test_the_knn_score_is_minus_the_distance_to_the_k_th_nearest_normalized_trai
 def test_the_bank_is_bounded_and_k_follows_the_share_of_the_training_images_kept():
     assert bank_capacity(1280) == 5000 and bank_capacity(4096) == 20 * 2**20 // (2 * 4096)
     assert bank_capacity(4096) * 4096 * 2 <= 20 * 2**20  # at most 20 MiB of fp16
-    assert [neighbours(n) for n in (1, 245, 5000, 50_000, 1_000_000)] == [1, 1, 5, 50, 1000]
+    assert [neighbours(n) for n in (1, 3, 245, 5000, 20_000, 1_000_000)] == [1, 3, 5, 5, 20, 1000]
 
 
 def test_the_in_domain_threshold_keeps_the_stated_share_of_all_validation_images():
