@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import math
 import shutil
+import traceback
 
 import numpy as np
 import pytest
@@ -132,3 +133,38 @@ def test_the_bank_holds_the_features_of_the_weights_the_checkpoint_keeps_under_a
         features = model.features(torch.from_numpy(images))
     nearest = knn_scores(features, model.calibration.bank, 1).abs()
     assert len(model.calibration.bank) == 27 and int((nearest < 0.02).sum()) >= 25  # the training images' own rows
+
+
+def test_validation_features_are_the_head_input_of_the_validation_pass_itself(tmp_path):
+    """CalibrationFit takes the validation features from the step's own forward pass (a hook on the head), and
+    they equal what ``features()`` computes of the same images with the same weights."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from classifier_engine.machinery.model_guarantees import CalibrationFit
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (24, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    labels = torch.arange(24) % 3
+    loader = DataLoader(TensorDataset(images, labels), batch_size=8)
+    model = ReferenceClassifier(num_classes=3)
+    collected: list[torch.Tensor] = []
+    collect = model.calibration.collect
+    model.calibration.collect = lambda logits, labels, features: (
+        collected.append(features) or collect(logits, labels, features)
+    )
+    callers: list[list[str]] = []  # who called the head, each time
+    model.backbone[-1].register_forward_pre_hook(
+        lambda _module, _args: callers.append([frame.name for frame in traceback.extract_stack()])
+    )
+    calibration_fit = CalibrationFit()
+    trainer = L.Trainer(max_epochs=1, callbacks=[calibration_fit], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(model, loader, loader)
+    model.eval()
+    with torch.no_grad():
+        expected = model.features(images)
+    assert len(collected) == 3 and torch.allclose(torch.cat(collected), expected, atol=1e-5)
+    in_validation = [names for names in callers if "validation_step" in names or "on_validation_batch_end" in names]
+    assert len(in_validation) == 3 and not any("on_validation_batch_end" in names for names in in_validation)
+    assert not calibration_fit.seen and calibration_fit.hook is None  # unhooked once the fit ends

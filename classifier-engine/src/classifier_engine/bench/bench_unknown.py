@@ -20,7 +20,7 @@ answered "unknown" by the checkpoint's own threshold. The scores: the shipped ``
 (the residual off the training features' principal subspace as a virtual logit; Wang et al., 2022).
 
 It also times ``predict``'s answer (logits, features and the knn score from one pass) against the forward pass
-alone on the CPU. ``--mosaics`` adds the several-labels case: 2x2 mosaics of the first set's photos, where the
+alone on the CPU. ``--mosaics`` adds the several-labels case: 2x2 mosaics of both sets' photos, where the
 count-constrained thresholds are compared with the F1-best ones on held-out mosaics (mAP, micro-F1, labels given
 against true) and the digits are scored as far off-domain. The last line is one JSON object of every figure.
 
@@ -69,12 +69,16 @@ def write_digits(folder: Path, count: int = 200) -> Path:
     return folder
 
 
-def write_mosaics(source: Path, folder: Path, count: int, seed: int) -> Path:
-    """2x2 mosaics of random photos of ``source/train`` and ``source/val``, listed with their classes in a CSV."""
+def write_mosaics(sources: list[Path], folder: Path, count: int, seed: int) -> Path:
+    """2x2 mosaics of random photos of every set's ``train/`` and ``val/``, listed with their classes in a CSV.
+
+    Both sets' classes together give a label set of about three of a dozen classes per mosaic, so the count rule
+    has something to get wrong (one set of two classes would give at most two labels).
+    """
     from PIL import Image
 
-    photos = sorted((path.parent.name, path) for split in ("train", "val") for path in (source / split).rglob("*")
-                    if path.suffix.lower() in SUFFIXES)  # fmt: skip
+    photos = sorted((path.parent.name, path) for source in sources for split in ("train", "val")
+                    for path in (source / split).rglob("*") if path.suffix.lower() in SUFFIXES)  # fmt: skip
     rng = np.random.default_rng(seed)
     (folder / "images").mkdir(parents=True, exist_ok=True)
     rows = ["path,labels"]
@@ -135,6 +139,7 @@ class Scored:
         self.checkpoint = checkpoint
         self.record = Preprocessing.of_checkpoint(checkpoint)
         self.calibration = self.model.calibration
+        self.head: torch.nn.Module | None = None  # found on the first images scored
 
     def images(self, paths: list[Path]) -> torch.Tensor:
         record = self.record
@@ -144,7 +149,8 @@ class Scored:
 
     def outputs(self, images: torch.Tensor, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
         logits, features = [], []
-        head = find_head(self.model, images[:2])
+        self.head = self.head or find_head(self.model, images[:2])
+        head = self.head
         with torch.no_grad():
             for start in range(0, len(images), batch):
                 chunk = images[start : start + batch]
@@ -161,7 +167,7 @@ class Scored:
                                   for c in range(len(self.model.class_names))])  # fmt: skip
         centred = features - self.means[torch.from_numpy(train_labels)]
         self.precision = torch.linalg.pinv(centred.T @ centred / len(features), hermitian=True)
-        head = find_head(self.model, train_images[:2])
+        head = self.head
         weight, bias = head.weight.detach().double(), head.bias.detach().double()
         self.origin = -torch.linalg.pinv(weight) @ bias
         dimension = features.shape[1]
@@ -251,11 +257,11 @@ def one_label(args: argparse.Namespace, scratch: Path, far: Path) -> dict:
 
 
 def several_labels(args: argparse.Namespace, scratch: Path, far: Path) -> dict:
-    """Mosaics of the first set's photos: the count-constrained thresholds against the F1-best ones, held out."""
+    """Mosaics of both sets' photos: the count-constrained thresholds against the F1-best ones, held out."""
     from ..machinery.export.run_data import load_run_data  # the run's data, rebuilt from the checkpoint
 
     results: dict = {}
-    csv_path = write_mosaics(args.sets[0], scratch / "mosaics", args.mosaic_count, seed=0)
+    csv_path = write_mosaics(args.sets, scratch / "mosaics", args.mosaic_count, seed=0)
     for seed in range(args.seeds):
         last = fit(args, csv_path, seed, scratch / f"mosaics-{seed}", ["--data.test_fraction=0.25"])
         scored = Scored(last)

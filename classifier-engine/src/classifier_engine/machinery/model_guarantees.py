@@ -26,7 +26,7 @@ from typing_extensions import override
 from ..contract import ResumableSchedule
 from ..data.interfaces import EvaluationData
 from ..foundation.logging_steps import at_logging_step
-from ..models.domain import BANK_SEED, bank_capacity
+from ..models.domain import BANK_SEED, bank_capacity, find_head
 from ..models.training_totals import TrainingTotals
 
 TOTALS_KEY = "training_totals"
@@ -40,13 +40,19 @@ class CalibrationFit(L.Callback):
     """Fit ``pl_module.calibration`` on each validation of ``fit``; keep it in checkpoints and restore it.
 
     The logits are what ``validation_step`` returns when it returns them (the project's model does);
-    otherwise they are computed again with ``pl_module.evaluate``. The features of the validation images and
-    of a seeded sample of the training images (``domain.BANK_IMAGES`` at most, the bank's bytes bounded) come
-    from the contract's ``features()``: one forward pass each, without gradients, at validation only.
+    otherwise they are computed again with ``pl_module.evaluate``. The features of the validation images are
+    the classifier head's input in that same forward pass (watched by a hook, so validation costs no second
+    pass); where the head cannot be found or the step did not call it once, the contract's ``features()``
+    computes them. A seeded sample of the training images (``domain.BANK_IMAGES`` at most, the bank's bytes
+    bounded) costs one forward pass without gradients per validation.
     """
 
     def __init__(self) -> None:
         self.training_features: Tensor | None = None
+        self.hook: torch.utils.hooks.RemovableHandle | None = None
+        self.head_tried = False  # once per fit: a network whose features() no module receives is not hooked
+        self.seen: list[Tensor] = []
+        self.watching = False
 
     @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
@@ -54,8 +60,8 @@ class CalibrationFit(L.Callback):
         self.training_features = None
 
     @override
-    def on_validation_batch_end(
-        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if not fitting(trainer):
             return
@@ -63,13 +69,52 @@ class CalibrationFit(L.Callback):
             # Here, not at the epoch's end: the weights validated are the ones checkpointed (a weight average is
             # swapped in for validation at its start, and back out at its end).
             self.training_features = training_features(trainer, pl_module)
+        if not self.head_tried:
+            self.head_tried = True
+            self.watch_head(pl_module, batch[0][:2])
+        self.seen, self.watching = [], True
+
+    def watch_head(self, pl_module: Any, images: Tensor) -> None:
+        """Hook the module whose input ``features()`` returns (the classifier head), if there is one."""
+        try:
+            head = find_head(pl_module, images)
+        except ValueError:
+            return
+        self.hook = head.register_forward_pre_hook(self._seen_by_head)
+
+    def _seen_by_head(self, _module: torch.nn.Module, args: tuple) -> None:
+        if self.watching and args and isinstance(args[0], Tensor):
+            self.seen.append(args[0].detach().flatten(1))
+
+    @override
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not fitting(trainer):
+            return
         images, labels = batch[0], batch[1]
         logits = outputs
         with torch.no_grad():
             if not (isinstance(logits, Tensor) and logits.shape == (len(labels), len(pl_module.class_names))):
+                self.seen = []
                 logits = pl_module.evaluate(images)
-            features = pl_module.features(images)
+            seen, self.seen, self.watching = self.seen, [], False
+            single_pass = len(seen) == 1 and seen[0].shape[0] == len(labels)
+            features = seen[0].float() if single_pass else pl_module.features(images)
         pl_module.calibration.collect(logits.detach(), labels, features)
+
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.stop_watching()
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        self.stop_watching()
+
+    def stop_watching(self) -> None:
+        if self.hook is not None:
+            self.hook.remove()
+        self.hook, self.head_tried, self.seen, self.watching = None, False, [], False
 
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.functional.classification import binary_calibration_error, multiclass_calibration_error
 
-from .domain import DOMAIN_SCORES, DomainScore, keeping_threshold, knn_scores, neighbours, normalized_bank
+from .domain import DOMAIN_SCORES, DomainScore, keeping_threshold, knn_scores, logit_score, neighbours, normalized_bank
 
 ECE_BINS = 15
 # The weight, in validation images, of the pull of multi-label temperatures towards their common value.
@@ -186,13 +186,7 @@ class Calibration(nn.Module):
     def scores(self, logits: Tensor, score: str = "msp") -> Tensor:
         """A logit score (higher: surer): ``msp``, the top calibrated probability (multi-label: the top
         sigmoid), or ``energy``, T x logsumexp(logits / T) (multi-label: JointEnergy, the sum of log(1 + e^x))."""
-        scaled = logits.float() / self.temperature
-        if score == "energy":
-            if self.multilabel:
-                return nn.functional.softplus(scaled).sum(dim=-1)
-            return self.temperature * torch.logsumexp(scaled, dim=-1)
-        probabilities = scaled.sigmoid() if self.multilabel else scaled.softmax(dim=-1)
-        return probabilities.max(dim=-1).values
+        return logit_score(logits.float() / self.temperature, self.temperature, score, self.multilabel)
 
     def domain_scores(self, logits: Tensor, features: Tensor | None, score: str | None = None) -> Tensor | None:
         """How like the training images each image is, by ``score`` (``reject_with`` by default); None where the

@@ -121,6 +121,18 @@ def find_head(model: nn.Module, images: Tensor) -> nn.Module:
     raise ValueError("no module of the backbone receives what features() returns")
 
 
+def logit_score(calibrated: Tensor, temperature: Tensor, score: str, multilabel: bool) -> Tensor:
+    """A score of calibrated logits (higher: surer): ``energy``, T x logsumexp(logits) (multi-label: JointEnergy,
+    the sum of log(1 + e^x)), or else ``msp``, the top calibrated probability (multi-label: the top sigmoid).
+    One definition for the checkpoint's thresholds and the exported graphs that are held to them."""
+    if score == "energy":
+        if multilabel:
+            return nn.functional.softplus(calibrated).sum(dim=-1)
+        return temperature * torch.logsumexp(calibrated, dim=-1)
+    probabilities = calibrated.sigmoid() if multilabel else calibrated.softmax(dim=-1)
+    return probabilities.max(dim=-1).values
+
+
 class ScoredNetwork(nn.Module):
     """The inference network with the "unknown" score beside the calibrated logits: ``(logits, score)``.
 
@@ -146,9 +158,4 @@ class ScoredNetwork(nn.Module):
             hook.remove()
         if self.score == "knn":
             return logits, knn_graph_scores(seen[-1].flatten(1), self.bank, self.k)
-        if self.score == "energy":
-            if self.multilabel:
-                return logits, torch.nn.functional.softplus(logits).sum(dim=-1)
-            return logits, self.temperature * torch.logsumexp(logits, dim=-1)
-        probabilities = logits.sigmoid() if self.multilabel else logits.softmax(dim=-1)
-        return logits, probabilities.max(dim=-1).values
+        return logits, logit_score(logits, self.temperature, self.score, self.multilabel)
