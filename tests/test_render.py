@@ -57,6 +57,7 @@ COMMON_FILES = {
     "export.py",
     "sweep.py",
     "check_labels.py",
+    "cross_validate.py",
     "configs/presets/early_stopping.yaml",
     "configs/presets/ddp.yaml",
     "configs/presets/debug.yaml",

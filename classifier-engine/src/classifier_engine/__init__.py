@@ -27,6 +27,7 @@ _API: dict[str, str] = {
     "run_export": ".commands.entry",
     "run_sweep": ".commands.entry",
     "run_check_labels": ".commands.entry",
+    "run_cross_validate": ".commands.entry",
     "run_pack": ".commands.entry",
     # The model contract and the parts a model is built from.
     "ClassifierModel": ".contract",

@@ -44,6 +44,13 @@ def run_check_labels(model_class: type[L.LightningModule], default_config: Path)
     check_labels.run(model_class, default_config)
 
 
+def run_cross_validate(model_class: type[L.LightningModule], default_config: Path) -> None:
+    """``python cross_validate.py ...``: k fold runs, each figure with its spread, out-of-fold answers, a report."""
+    from . import cross_validate
+
+    cross_validate.run(model_class, default_config)
+
+
 def run_pack(model_class: type[L.LightningModule], default_config: Path) -> None:
     """``python pack.py --output ...``: the project's images packed by litdata, through its DataModule and config."""
     from ..machinery import pack_command

@@ -110,8 +110,8 @@ class ImageDataModule(L.LightningDataModule):
             cutmix_alpha: CutMix: a box of another training image pasted in, labels by area, from Beta(alpha,
                 alpha) (1.0 is the usual); 0 disables it; null: 1.0 from 20,000 training images, off below. With
                 both on, each batch gets one of the two.
-            folds: Cross-validation: deal the training images into this many stratified folds, train on all but
-                fold ``fold`` and validate on it (check_labels.py runs each); 0: off.
+            folds: Cross-validation: deal the training images into this many stratified folds (a group's images
+                into one), train on all but fold ``fold`` and validate on it (cross_validate.py runs each); 0: off.
             fold: Which fold (counted from 0) is held out for validation when ``folds`` is set.
             storage: Where the images live: device (copied once to the accelerator; batches are gathered
                 there, no workers), memmap (memory-mapped, gathered by workers), or auto (device on a GPU
@@ -250,10 +250,17 @@ class ImageDataModule(L.LightningDataModule):
         self.predict_set = TensorBatches(images)
         self.seed = torch.initial_seed()
 
+    def fold_groups(self, split: MemmapBatches) -> np.ndarray | None:
+        """Each image's group, kept in one fold by ``data.folds`` (a subclass that knows subjects or sessions says
+        so); None: every image is its own."""
+        return None
+
     def serve(self, stage: str, train: MemmapBatches, val: MemmapBatches, test: MemmapBatches) -> None:
         """Take the dataset's splits and get ready to serve them (called by a subclass's ``setup``)."""
         if self.folds:  # the fold replaces the validation split; the test split stays as it is
-            train, val = cross_validation_folds(train, self.folds, self.fold, getattr(self, "split_seed", 0))
+            seed, tests_on_validation = getattr(self, "split_seed", 0), test is val
+            train, val = cross_validation_folds(train, self.folds, self.fold, seed, self.fold_groups(train))
+            test = val if tests_on_validation else test
         self.train_set, self.val_set, self.test_set = train, val, test
         self.predict_set = test
         self.predict_names = []  # test-set images are named by their index (predict_name)

@@ -155,21 +155,18 @@ def strata(labels: np.ndarray) -> np.ndarray:
 
 
 def cross_validation_folds(
-    split: MemmapBatches, folds: int, fold: int, seed: int
+    split: MemmapBatches, folds: int, fold: int, seed: int, groups: np.ndarray | None = None
 ) -> tuple[MemmapBatches, MemmapBatches]:
-    """(the training rows but fold ``fold``, fold ``fold``) of ``folds`` stratified folds of ``split``.
+    """(the training rows but fold ``fold``, fold ``fold``) of ``folds`` folds of ``split`` (``folds.py``).
 
-    Each class's rows are shuffled by ``seed`` and dealt round-robin, so every fold holds each class in
-    its share and the folds of one seed partition the split: every image is held out exactly once.
+    Stratified by class (several labels: iteratively), seeded, and with ``groups`` (one per row of ``split``)
+    never splitting a group; the folds of one seed partition the split: every image is held out exactly once.
     """
+    from .folds import fold_of_each
+
     images, labels = split.paths
     rows = split.indices if split.indices is not None else np.arange(len(split))
-    row_labels = strata(np.asarray(split.arrays[1])[rows])
-    rng = np.random.default_rng(seed)
-    held = np.zeros(len(rows), dtype=bool)
-    for label in np.unique(row_labels):
-        members = rng.permutation(np.flatnonzero(row_labels == label))
-        held[members[fold::folds]] = True
+    held = fold_of_each(np.asarray(split.arrays[1])[rows], folds, seed, groups) == fold
     return (
         MemmapBatches(images, labels, rows[~held], with_ids=split.with_ids),
         MemmapBatches(images, labels, rows[held]),

@@ -14,6 +14,8 @@ images the run trained on, split as the run split them, even where the image fol
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +30,7 @@ from ..foundation.files import writable
 from .datamodule import ImageDataModule
 from .dataset import MemmapBatches, strata
 from .errors import DataError, DataSettingError
+from .folds import group_of_key
 from .image_files import Interpolation, Resize
 from .image_sources import LabelledImages, find_images
 from .packing import (
@@ -104,6 +107,7 @@ class ImageFolderDataModule(ImageDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.0,
         split_seed: int = 0,
+        pool_val: bool = False,
         cache_dir: str = "data/packed",
         on_bad_image: BadImagePolicy = "skip",
         pack_workers: int | None = None,
@@ -132,6 +136,8 @@ class ImageFolderDataModule(ImageDataModule):
             test_fraction: Share of each class's training images held out for testing (when no test split is
                 given); with 0, test reads the validation images.
             split_seed: Seed of the fixed, stratified held-out split (independent of the run's seed).
+            pool_val: With data.folds: deal a given val/ split's images into the folds too (without it, a folder
+                with its own val/ split is refused, since its images would be in no fold).
             cache_dir: Folder of packed copies (one per source and packing settings; image_dir is never written).
             on_bad_image: What an unreadable, truncated or empty image does: skip (left out, listed beside the
                 packed copy) or error (the first one stops packing).
@@ -217,9 +223,16 @@ class ImageFolderDataModule(ImageDataModule):
                 f"data.image_dir={self.image_dir} has the classes {self.class_names[:5]}..., the model was trained "
                 f"on {list(class_names)[:5]}...; point data.image_dir at the images the model was trained on"
             )
+        if pool_val:
+            self.found = self.found.pooled()
+        if self.folds and "val" in self.found.splits:
+            raise DataSettingError(
+                f"data.image_dir={self.image_dir} has its own val split, which the folds would leave out (they deal "
+                "the training images); set data.pool_val true to deal its images into the folds too"
+            )
         self.class_counts = self.found.class_counts("train")
         self.images_counted = len(self.found.splits["train"])
-        if val_fraction == 0 and "val" not in self.found.splits:
+        if val_fraction == 0 and "val" not in self.found.splits and not self.folds:
             raise ValueError(
                 f"data.val_fraction is 0 and {self.image_dir} has no val split, so nothing would be validated; "
                 "set data.val_fraction (e.g. 0.1)"
@@ -254,10 +267,15 @@ class ImageFolderDataModule(ImageDataModule):
             settings.get("interpolation") or "bilinear",
             settings.get("crop_pct") or 1.0,
         )
+        if settings.get("pool_val"):
+            found = found.pooled()
         cache_dir = Path(settings.get("cache_dir", "data/packed")).expanduser()
         if not writable(cache_dir):  # refused before anything is built, unless a whole copy is there to read
             packed_read_only(cache_dir, found, pack_settings)
-        return f"images:{manifest_digest(found, pack_settings)}"
+        groups = ""  # a CSV list's groups decide the folds: a run on other groups is another run
+        if found.groups and settings.get("folds"):
+            groups = ":groups:" + hashlib.sha256(json.dumps(found.groups, sort_keys=True).encode()).hexdigest()[:16]
+        return f"images:{manifest_digest(found, pack_settings)}{groups}"
 
     @override
     def use_data_dir(self, folder: Path) -> None:
@@ -330,11 +348,11 @@ class ImageFolderDataModule(ImageDataModule):
         else:
             test = val
         self.tests_on_validation_set = test is val
-        if len(val) == 0:
+        if len(val) == 0 and not self.folds:  # with folds, the fold held out is validated
             raise DataSettingError(
                 f"{self.image_dir}: no image is left for validation; add images or raise data.val_fraction"
             )
-        if self.task == "multilabel" and stage == "fit":
+        if self.task == "multilabel" and stage == "fit" and not self.folds:
             self._check_validation_positives(val)
         self.serve(stage, train, val, test)
         self.predict_names = self.image_names(test)
@@ -368,7 +386,9 @@ class ImageFolderDataModule(ImageDataModule):
             val_rows, test_rows = self.held_out_rows["val"], self.held_out_rows["test"]
             train_rows = np.setdiff1d(np.arange(len(labels)), np.concatenate([val_rows, test_rows]))
             return train_rows, val_rows, test_rows
-        fractions = (0.0 if given_val else self.val_fraction, 0.0 if given_test else self.test_fraction)
+        # With data.folds, the fold held out is the validation split: no share of the images is set aside for it.
+        val_share = 0.0 if given_val or self.folds else self.val_fraction
+        fractions = (val_share, 0.0 if given_test else self.test_fraction)
         return self.split(labels, fractions)
 
     def split(self, labels: np.ndarray, fractions: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -378,6 +398,18 @@ class ImageFolderDataModule(ImageDataModule):
         date, ...). A trained run never splits again: its checkpoint records the rows it held out.
         """
         return stratified_split(labels, fractions, self.split_seed)
+
+    @override
+    def fold_groups(self, split: MemmapBatches) -> np.ndarray | None:
+        """Each image's group (``folds.py``): a CSV list's ``group`` column, else the first folder below its class
+        folder (``<class>/<group>/*.jpg``); an image without one is a group of its own."""
+        if self.found is None:
+            return None
+        names = self.image_names(split)
+        if self.found.groups:
+            return np.array([self.found.groups.get(name, name) for name in names])
+        depth = {"class folders": 1, "split folders": 2}.get(self.found.layout)
+        return None if depth is None else np.array([group_of_key(name, depth) for name in names])
 
     @override
     def image_names(self, split: MemmapBatches) -> list[str]:

@@ -7,7 +7,8 @@
   seeded, stratified split (``ImageFolderDataModule``'s ``val_fraction``, ``test_fraction``).
 - ``path/{train,val,test}/<class>/**``: the splits as given (``val``/``valid``/``validation`` and
   ``test`` optional; a class absent from ``val`` or ``test`` is fine, one only outside ``train`` is not).
-- ``path`` is a ``.csv`` file of ``path,label`` rows (an optional third column ``split``; paths
+- ``path`` is a ``.csv`` file of ``path,label`` rows (an optional third column ``split``, and under a header an
+  optional column ``group``: the subject, patient or session an image shows, kept in one fold; paths
   relative to the CSV, a missing suffix found; a header row is recognized by its first column's
   name: ``path``, ``image``, ``image_name``, ``file``, ...). Several labels in one cell, separated
   by spaces (``path,labels``, as Kaggle's Planet set writes ``tags``), or a header
@@ -61,6 +62,15 @@ class LabelledImages:
     splits: dict[str, list[Entry]]
     array_files: list[Path] = field(default_factory=list)  # for "arrays": the files behind the rows
     task: str = "multiclass"  # or "multilabel": each entry's label is a tuple of classes
+    groups: dict[str, str] = field(default_factory=dict)  # a CSV list's group column: key -> group
+
+    def pooled(self) -> LabelledImages:
+        """The same images with a given ``val`` split dealt into ``train`` (cross-validation folds them all)."""
+        if "val" not in self.splits:
+            return self
+        splits = {split: entries for split, entries in self.splits.items() if split != "val"}
+        splits["train"] = [*self.splits["train"], *self.splits["val"]]
+        return replace(self, splits=splits)
 
     def count(self) -> int:
         return sum(len(entries) for entries in self.splits.values())
@@ -224,16 +234,18 @@ def _spaces_separate(cells: list[str]) -> bool:
 
 
 def _label_column(header: list[str] | None) -> int | None:
-    """The column of the labels: one named like ``labels``, else the second; None for one 0/1 column per class."""
+    """The column of the labels: one named like ``labels``, else the one beside ``split`` and ``group``; None for
+    one 0/1 column per class."""
     named = next((i for i, name in enumerate(header or []) if name.lower() in LABEL_HEADER | LABELS_HEADER), None)
-    if named is not None or header is None or len(header) < 3 or header[1].lower() == "split":
+    if named is not None or header is None:
         return named or 1
-    return None
+    others = [i for i, name in enumerate(header) if i and name.lower() not in ("split", "group")]
+    return (others or [1])[0] if len(others) < 2 else None
 
 
 def _one_hot_labels(csv_path: Path, header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
     """(the classes, each row's labels) of a ``path,<class>,<class>,...`` CSV of 0/1 cells."""
-    columns = [(i, name) for i, name in enumerate(header) if i and name.lower() != "split"]
+    columns = [(i, name) for i, name in enumerate(header) if i and name.lower() not in ("split", "group")]
     tags = []
     for number, row in enumerate(rows, 1):
         given = []
@@ -260,6 +272,7 @@ def _from_csv(csv_path: Path, task: str, allow_outside: bool = False) -> Labelle
         raise _refuse(csv_path, "lists no images", "write one 'path,label' row per image")
     named_split = [i for i, name in enumerate(header or []) if name.lower() == "split"]
     split_column = named_split[0] if named_split else (2 if header is None else None)
+    group_column = next((i for i, name in enumerate(header or []) if name.lower() == "group"), None)
     label_column = _label_column(header)
     if label_column is None:
         class_names, tags = _one_hot_labels(csv_path, header or [], rows)
@@ -291,6 +304,7 @@ def _from_csv(csv_path: Path, task: str, allow_outside: bool = False) -> Labelle
     _check_classes(csv_path, class_names)
     index = {name: position for position, name in enumerate(class_names)}
     splits: dict[str, list[Entry]] = {}
+    groups: dict[str, str] = {}
     for number, (row, given) in enumerate(zip(rows, tags, strict=True), 1):
         path = _image_path(base, row[0])
         if not path.is_file():
@@ -310,9 +324,12 @@ def _from_csv(csv_path: Path, task: str, allow_outside: bool = False) -> Labelle
         label = tuple(sorted(index[tag] for tag in set(given))) if multilabel else index[given[0]]
         key = Path(os.path.relpath(path, root)).as_posix()
         splits.setdefault(split, []).append(Entry(key, label, stat.st_size, stat.st_mtime_ns))
+        if group_column is not None and len(row) > group_column and row[group_column]:
+            groups[key] = row[group_column]
     if "train" not in splits:
         raise _refuse(csv_path, "has no training rows", "leave the split column empty or 'train' for training images")
-    found = LabelledImages(root, "csv", class_names, splits, task="multilabel" if multilabel else "multiclass")
+    kind = "multilabel" if multilabel else "multiclass"
+    found = LabelledImages(root, "csv", class_names, splits, task=kind, groups=groups)
     if base != root:
         rank_zero_info(f"Data: {csv_path.name} names images in {base.name}/")
     if multilabel and task == "auto":

@@ -84,10 +84,11 @@ def fill_expected_input(config: Namespace) -> None:
             data[key] = value
 
 
-def constructor_error(error: ValueError) -> ValueError:
-    """The constructor's own ValueError under jsonargparse's wrapping of a subclass (``data.class_path``)."""
-    inner = error
-    while isinstance(inner.__cause__, ValueError):
+def constructor_error(error: ValueError) -> Exception:
+    """The constructor's own error under jsonargparse's wrapping of a subclass (``data.class_path``): a ValueError
+    of a config value, or a ``UserError`` that already says what to do."""
+    inner: Exception = error
+    while isinstance(inner.__cause__, ValueError | UserError):
         inner = inner.__cause__
     return inner
 
@@ -230,6 +231,8 @@ class TrainerCLI(LightningCLI):
         except BaseException as error:
             if self.run is not None and launched_as_rank_zero():
                 self.run.undo()
+            if isinstance(error, ValueError) and isinstance(constructor_error(error), UserError):
+                raise constructor_error(error) from error  # says what to do already
             if isinstance(error, ValueError):  # the constructors' checks of config values
                 raise UsageError(
                     f"{constructor_error(error)}; fix that value in the config or on the command line"

@@ -36,6 +36,8 @@ class FoldPredictions:
     probabilities: np.ndarray  # (N, classes) float32: softmax, or multi-label each class's sigmoid
     class_names: list[str]
     image_root: str | None  # the folder the names are relative to (your images), if any
+    calibrated: np.ndarray  # the same through the fold's calibration: what predict would answer
+    thresholds: np.ndarray | None  # multi-label: the fold's per-class thresholds for giving a label
 
 
 class RunDirectory(L.Callback):
@@ -65,11 +67,18 @@ def run_fold(
     if not isinstance(data, FoldedData):
         raise UsageError(f"{type(data).__name__} cannot hold out folds (data.folds, data.fold); use an ImageDataModule")
     last = where.run_dir / "checkpoints" / "last.ckpt"
-    model.load_state_dict(read_checkpoint(last, cli.class_trust)["state_dict"])
+    checkpoint = read_checkpoint(last, cli.class_trust)
+    model.load_state_dict(checkpoint["state_dict"])
+    model.calibration.restore_from(checkpoint)  # the temperature and thresholds live beside the weights
     images = data.validation_images()
     root = getattr(data, "image_root", None)
-    probabilities = predict(model, images.images, batch_size=256)
-    return FoldPredictions(where.run_dir, images, probabilities, list(model.class_names), str(root) if root else None)
+    logits = torch.from_numpy(predict(model, images.images, batch_size=256))
+    calibration = model.calibration
+    probabilities = (logits.sigmoid() if calibration.multilabel else logits.softmax(dim=-1)).numpy()
+    calibrated = calibration.probabilities(logits).numpy()
+    thresholds = calibration.thresholds.cpu().numpy() if calibration.multilabel else None
+    return FoldPredictions(where.run_dir, images, probabilities, list(model.class_names), str(root) if root else None,
+                           calibrated, thresholds)  # fmt: skip
 
 
 def default_output(folds: list[FoldPredictions]) -> Path:
@@ -79,21 +88,19 @@ def default_output(folds: list[FoldPredictions]) -> Path:
 
 
 def predict(model: L.LightningModule, images: object, batch_size: int) -> np.ndarray:
-    """Class probabilities for uint8 (N, 3, S, S) images (any indexable rows), with the model's test-time views.
+    """The logits of uint8 (N, 3, S, S) images (any indexable rows), with the model's test-time views.
 
-    A softmax over the classes, or for a multi-label model each class's sigmoid; uncalibrated: a fold's
-    temperature, fitted on the few images of its fold, could saturate them, and confident learning
-    estimates its own per-class thresholds anyway.
+    Confident learning ranks their plain softmax (multi-label: sigmoid): a fold's temperature, fitted on
+    the few images of its fold, could saturate them, and it estimates its own per-class thresholds anyway.
+    The cross-validated answers are calibrated, as predict's are.
     """
-    multilabel = model.calibration.multilabel
-    as_probabilities = (lambda x: x.sigmoid()) if multilabel else (lambda x: x.softmax(dim=-1))
     device = next(model.parameters()).device
     model.eval()
     parts = []
     with torch.inference_mode():
         for start in range(0, len(images), batch_size):
             batch = torch.from_numpy(np.array(images[start : start + batch_size])).to(device)
-            parts.append(as_probabilities(model.evaluate(batch).float()).cpu().numpy())
+            parts.append(model.evaluate(batch).float().cpu().numpy())
     return np.concatenate(parts)
 
 

@@ -1,0 +1,106 @@
+"""Cross-validate: k folds in one command, every figure with its spread, and the out-of-fold answer for every image.
+
+python cross_validate.py --data.image_dir photos/ [--folds 5] [--fold K] [--output DIR]
+    [any main.py fit option, e.g. --config configs/images.yaml --trainer.max_epochs 10]
+
+Each fold is an ordinary ``main.py fit`` run (``data.folds``, ``data.fold``): its own folder, named by its config,
+data and fold, continued exactly where it stopped and reused once finished, so the same command run again
+trains only the folds and steps left. ``--fold K`` trains fold K alone (one process per GPU, or a SLURM array:
+scripts/cross_validate_array.sbatch); the command without ``--fold`` then reuses them and writes the summary.
+
+Writes, by default beside the fold runs (``runs/<name>/cv-<first fold's run>/``):
+``cv_summary.csv`` (each figure's mean, standard deviation, 95 % interval and per-fold values),
+``oof_predictions.csv`` (every image answered, calibrated, by the fold model that never trained on it),
+``cv_report.html`` and ``tensorboard/`` (a scalar per fold). ``check_labels.py`` with the same options ranks
+label issues from these same fold runs without training them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import lightning as L
+
+from ..foundation.errors import OneLineArgumentParser, UsageError, exit_with
+from ..machinery.console_log import CONSOLE
+from ..machinery.noise import silence_known_noise
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--folds", type=int, default=5, help="cross-validation folds: one run each (at least 2)")
+    add("--fold", type=int, help="train this fold alone (counted from 0) and write no summary: folds side by side")
+    add("--output", type=Path, help="the folder of the summary, the report and the answers (default: beside the runs)")
+    add("--gallery", type=int, default=48, help="how many wrong answers the report shows")
+    return parser.parse_known_args(argv)
+
+
+def checked(options: argparse.Namespace, fit_options: list[str]) -> list[str]:
+    """The fit options to run each fold with; a mistake is one line."""
+    if options.folds < 2:
+        raise UsageError(f"--folds must be at least 2, got {options.folds}")
+    if options.fold is not None and not 0 <= options.fold < options.folds:
+        raise UsageError(
+            f"--fold must be between 0 and {options.folds - 1} (--folds {options.folds}), got {options.fold}"
+        )
+    if any(option.startswith(("--data.folds", "--data.fold=", "--data.fold ")) or option == "--data.fold"
+           for option in fit_options):  # fmt: skip
+        raise UsageError("cross_validate.py sets data.folds and data.fold itself; use --folds and --fold")
+    kept, skip = [], False
+    for position, option in enumerate(fit_options):
+        if skip:
+            skip = False
+            continue
+        if option.startswith("--ckpt_path"):  # every fold continues its own run already
+            value = option.partition("=")[2] if "=" in option else next(iter(fit_options[position + 1 :]), "")
+            skip = "=" not in option
+            if value != "last":
+                raise UsageError(
+                    f"--ckpt_path {value}: each fold continues its own run (last); leave --ckpt_path out or give last"
+                )
+            continue
+        kept.append(option)
+    return kept
+
+
+def main(model_class: type[L.LightningModule], default_config: Path, argv: list[str] | None = None) -> int:
+    """``python cross_validate.py ...`` of the project whose LightningModule and default config are given."""
+    silence_known_noise()
+    options, fit_options = parse_args(argv)
+    try:
+        fit_options = checked(options, fit_options)
+        from ..machinery import cross_validation as cv
+        from ..machinery import label_check
+        from ..machinery.cross_validation_report import write_report
+
+        chosen = range(options.folds) if options.fold is None else [options.fold]
+        folds = []
+        for fold in chosen:
+            print(f"Fold {fold + 1} of {options.folds}", flush=True)
+            folds.append(label_check.run_fold(fit_options, options.folds, fold, model_class, default_config))
+        if options.fold is not None:
+            print(f"Fold {options.fold} is trained: {folds[0].run_dir}. Once every fold is, the same command without "
+                  "--fold writes the summary (and trains any fold left).")  # fmt: skip
+            return 0
+        summary = cv.spreads([cv.fold_figures(fold) for fold in folds])
+        output = options.output or folds[0].run_dir.parent / f"cv-{folds[0].run_dir.name}"
+        output.mkdir(parents=True, exist_ok=True)
+        cv.write_summary(summary, output / "cv_summary.csv")
+        cv.write_out_of_fold(folds, output / "oof_predictions.csv")
+        write_report(folds, summary, output / "cv_report.html", options.gallery)
+        cv.write_tensorboard(summary, output / "tensorboard")
+    except Exception as error:  # a user's mistake: one line (FULL_ERROR=1: the traceback)
+        exit_with(error)
+    print(cv.console_table(summary))
+    print(f"Cross-validation: {output / 'cv_summary.csv'}, {output / 'cv_report.html'} and "
+          f"{output / 'oof_predictions.csv'}")  # fmt: skip
+    return 0
+
+
+def run(model_class: type[L.LightningModule], default_config: Path) -> None:
+    """The command as typed: its output also kept in each fold's logs/console.log; exits with its code."""
+    CONSOLE.start()
+    sys.exit(main(model_class, default_config))

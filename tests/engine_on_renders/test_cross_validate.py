@@ -1,0 +1,162 @@
+"""cross_validate.py through its command line: k ordinary fold runs, every figure with its spread, every image's
+out-of-fold answer, a report; groups kept in one fold; a stopped cross-validation continued exactly."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from .conftest import PHOTO_ROOT, cli_env, images_args, write_image_folder
+
+CLASSES = ("cat", "dog", "fish cake")
+FOLDS = 3
+
+
+def photos_with_subjects(root: Path) -> Path:
+    """train/ of 3 x 12 photos (cat's in 3 subject folders of 4: each subject must stay in one fold) and val/."""
+    photos = root / "photos"
+    write_image_folder(photos / "train", CLASSES, per_class=12)
+    write_image_folder(photos / "val", CLASSES, per_class=4)
+    for path in sorted((photos / "train" / "cat").iterdir()):
+        subject = photos / "train" / "cat" / f"subject{int(path.stem) // 4}"
+        subject.mkdir(exist_ok=True)
+        path.rename(subject / path.name)
+    return photos
+
+
+def command(script: str, root: Path, photos: Path, *extra: str, env: dict[str, str] | None = None):
+    fit_options = images_args(photos, "--trainer.max_epochs=2")[1:]
+    return subprocess.run(
+        [sys.executable, str(PHOTO_ROOT / script), *fit_options, f"--folds={FOLDS}", *extra],
+        cwd=root, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+def digests(root: Path) -> dict[str, str]:
+    """Every fold run's last checkpoint and its bytes' digest."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.glob("runs/*/*/checkpoints/last.ckpt"))
+    }
+
+
+def runs_by_fold(root: Path) -> dict[int, Path]:
+    """Each fold's run folder, by the fold its config holds out."""
+    runs = {}
+    for config in root.glob("runs/*/*/config.yaml"):
+        line = next(line for line in config.read_text().splitlines() if line.strip().startswith("fold:"))
+        runs[int(line.split(":")[1])] = config.parent
+    return runs
+
+
+def last_logged(run_dir: Path, tag: str) -> float:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return events.Scalars(tag)[-1].value
+
+
+def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(tmp_path):
+    photos = photos_with_subjects(tmp_path)
+    refused = command("cross_validate.py", tmp_path, photos)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert refused.returncode == 2 and len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert "own val split" in lines[0] and "data.pool_val" in lines[0]
+    assert not (tmp_path / "runs").exists()  # refused before anything was made
+
+    result = command("cross_validate.py", tmp_path, photos, "--data.pool_val=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (cv_dir,) = tmp_path.glob("runs/*/cv-*")
+    assert {path.name for path in cv_dir.iterdir()} == {
+        "cv_summary.csv", "cv_report.html", "oof_predictions.csv", "tensorboard"
+    }  # fmt: skip
+    assert "95 % interval" in result.stdout and f"Cross-validation: {cv_dir.relative_to(tmp_path)}" in result.stdout
+
+    # Every image, train/ and val/ pooled, is answered once, by the fold that held it out; a subject stays together.
+    rows = list(csv.DictReader((cv_dir / "oof_predictions.csv").read_text().splitlines()))
+    images = sorted(str(path) for path in photos.rglob("*.*"))
+    assert sorted(row["image"] for row in rows) == images
+    subjects = {}
+    for row in rows:
+        if "/subject" in row["image"]:
+            subjects.setdefault(Path(row["image"]).parent.name, set()).add(row["fold"])
+    assert len(subjects) == 3 and all(len(folds) == 1 for folds in subjects.values())
+    for row in rows:
+        probabilities = [float(row[f"p:{name}"]) for name in CLASSES]
+        answer = CLASSES[probabilities.index(max(probabilities))]
+        assert abs(sum(probabilities) - 1) < 1e-3 and row["predicted"] == answer
+
+    # Each fold's figures are what its run logged on the same images; the summary holds their spread.
+    summary = {row["figure"]: row for row in csv.DictReader((cv_dir / "cv_summary.csv").read_text().splitlines())}
+    by_fold = runs_by_fold(tmp_path)
+    assert sorted(by_fold) == list(range(FOLDS))
+    for fold, run in by_fold.items():
+        for figure, tag in (("top1", "val/top1"), ("ece", "val/ece")):
+            assert abs(float(summary[figure][f"fold_{fold}"]) - last_logged(run, tag)) < 1e-4, (figure, fold)
+    top1 = [float(summary["top1"][f"fold_{fold}"]) for fold in range(FOLDS)]
+    assert abs(float(summary["top1"]["mean"]) - sum(top1) / FOLDS) < 1e-6
+    assert float(summary["top1"]["ci95_low"]) <= float(summary["top1"]["mean"]) <= float(summary["top1"]["ci95_high"])
+    assert {"macro_f1", "balanced_accuracy", "recall/cat", "recall/fish cake"} <= summary.keys()
+
+    events = EventAccumulator(str(cv_dir / "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("cv/top1")] == list(range(FOLDS))
+    page = (cv_dir / "cv_report.html").read_text()
+    for section in ("Summary", "val/top1 of each fold", "Pooled confusion matrix", "The fold runs"):
+        assert f"<h2>{section}</h2>" in page
+
+    # check_labels.py with the same options ranks from the same fold runs: none is trained again.
+    before = digests(tmp_path)
+    checked = command("check_labels.py", tmp_path, photos, "--data.pool_val=true", "--output=issues.csv")
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert digests(tmp_path) == before and len(before) == FOLDS
+    assert (tmp_path / "issues.csv").is_file()
+
+
+@pytest.mark.slow
+def test_a_cross_validation_stopped_mid_fold_continues_exactly(tmp_path):
+    """SIGTERM in fold 0's second epoch; the same command again trains the rest of fold 0 and the other folds,
+    and ends where an uninterrupted cross-validation does: the same checkpoints' weights and the same summary."""
+    import torch
+
+    roots = {name: tmp_path / name for name in ("uninterrupted", "stopped")}
+    probe = "--trainer.callbacks+=engine_probes.KillAt"  # in both: one config; it acts where KILL_AT is set
+    for root in roots.values():
+        photos_with_subjects(root)
+    uninterrupted = command("cross_validate.py", roots["uninterrupted"], roots["uninterrupted"] / "photos",
+                            "--data.pool_val=true", probe)  # fmt: skip
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    root = roots["stopped"]
+    fit_options = images_args(root / "photos", "--trainer.max_epochs=2")[1:]
+    process = subprocess.Popen(
+        [sys.executable, str(PHOTO_ROOT / "cross_validate.py"), *fit_options, f"--folds={FOLDS}",
+         "--data.pool_val=true", probe],
+        cwd=root, env=cli_env(KILL_AT="train_batch:1:1", KILL_SIGNAL="SIGTERM"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert list(runs_by_fold(root)) == [0]  # fold 0 stopped in its second epoch; no other fold began
+    continued = command("cross_validate.py", root, root / "photos", "--data.pool_val=true", probe)
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    expected, actual = (runs_by_fold(r) for r in roots.values())
+    assert sorted(expected) == sorted(actual) == list(range(FOLDS))
+    for fold in range(FOLDS):
+        weights = [torch.load(runs[fold] / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+                   for runs in (expected, actual)]  # fmt: skip
+        assert weights[0].keys() == weights[1].keys()
+        assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0]), fold
+    summaries = [next(r.glob("runs/*/cv-*/cv_summary.csv")).read_text() for r in roots.values()]
+    assert summaries[0] == summaries[1]
