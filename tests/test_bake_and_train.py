@@ -107,7 +107,7 @@ def test_the_built_wheel_passes_its_own_suite_alone_and_the_engine_suite_with_bo
     with zipfile.ZipFile(wheel) as archive:  # the benchmarks ship with the library: python -m classifier_engine.bench
         shipped = set(archive.namelist())
     assert {"classifier_engine/bench/bench_step.py", "classifier_engine/bench/gpu_figures.sh"} <= shipped
-    pages = ("benchmarks", "cluster", "design", "report", "runs", "shipping", "tests")  # python -m ...docs PAGE
+    pages = ("benchmarks", "cluster", "cross_validation", "design", "report", "runs", "shipping", "tests")
     assert {f"classifier_engine/docs/{page}.md" for page in pages} <= shipped
     cifar, photos = bake(), bake(dataset="images")
     lock = without_library_source(cifar / "constraints.txt", tmp_path / "lock.txt")

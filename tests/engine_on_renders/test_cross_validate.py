@@ -72,8 +72,26 @@ def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(
     assert "own val split" in lines[0] and "data.pool_val" in lines[0]
     assert not (tmp_path / "runs").exists()  # refused before anything was made
 
-    result = command("cross_validate.py", tmp_path, photos, "--data.pool_val=true")
+    # The folds side by side, as a SLURM array's tasks (--fold K each), then the summary job: it trains none again.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/bash\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    (tmp_path / "cross_validate.py").symlink_to(PHOTO_ROOT / "cross_validate.py")
+    job = {"SLURM_SUBMIT_DIR": str(tmp_path), "VIRTUAL_ENV": sys.prefix, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    script = ["bash", str(PHOTO_ROOT / "scripts" / "cross_validate_array.sbatch")]
+    fit_options = [*images_args(photos, "--trainer.max_epochs=2")[1:], f"--folds={FOLDS}", "--data.pool_val=true"]
+    for fold in range(FOLDS):
+        task = {**job, "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": str(fold)}
+        done = subprocess.run([*script, *fit_options], cwd=tmp_path, env=cli_env(**task), capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0 and f"Fold {fold} is trained" in done.stdout, done.stderr[-3000:]
+        assert len(digests(tmp_path)) == fold + 1 and not list(tmp_path.glob("runs/*/cv-*"))
+    trained = digests(tmp_path)
+    result = subprocess.run([*script, *fit_options], cwd=tmp_path, env=cli_env(**job), capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert digests(tmp_path) == trained
     (cv_dir,) = tmp_path.glob("runs/*/cv-*")
     assert {path.name for path in cv_dir.iterdir()} == {
         "cv_summary.csv", "cv_report.html", "oof_predictions.csv", "tensorboard"

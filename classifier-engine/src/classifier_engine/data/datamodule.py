@@ -258,9 +258,9 @@ class ImageDataModule(L.LightningDataModule):
     def serve(self, stage: str, train: MemmapBatches, val: MemmapBatches, test: MemmapBatches) -> None:
         """Take the dataset's splits and get ready to serve them (called by a subclass's ``setup``)."""
         if self.folds:  # the fold replaces the validation split; the test split stays as it is
-            seed, tests_on_validation = getattr(self, "split_seed", 0), test is val
+            seed = getattr(self, "split_seed", 0)
             train, val = cross_validation_folds(train, self.folds, self.fold, seed, self.fold_groups(train))
-            test = val if tests_on_validation else test
+            test = test if len(test) else val  # no test split (it was the validation's, none now): the fold
         self.train_set, self.val_set, self.test_set = train, val, test
         self.predict_set = test
         self.predict_names = []  # test-set images are named by their index (predict_name)

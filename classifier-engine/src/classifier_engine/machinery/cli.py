@@ -64,7 +64,10 @@ def data_fingerprint(subcommand: str, data: Namespace) -> str:
     datamodule_class = imported(data.class_path)
     if isinstance(datamodule_class, Fingerprinted):
         settings = data.init_args.as_dict() if data.get("init_args") is not None else {}
-        return datamodule_class.data_fingerprint(settings, subcommand)
+        fingerprint = datamodule_class.data_fingerprint(settings, subcommand)
+        # Since 1.4 the folds deal every training image, where a fold run of 1.3 left the validation share out:
+        # such a run is another run, never continued on the new folds.
+        return f"{fingerprint}:folds-deal-all" if settings.get("folds") else fingerprint
     return ""
 
 

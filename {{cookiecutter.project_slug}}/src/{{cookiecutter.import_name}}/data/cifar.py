@@ -113,14 +113,15 @@ class CifarDataModule(ImageDataModule):
                 f"data.val_size={self.val_size} leaves no training images (the archive has {num_train}); "
                 f"set data.val_size below {num_train}, or to 0 to validate on the test set"
             )
+        val_size = 0 if self.folds else self.val_size  # cross-validating, the fold held out is the validation
         order = np.random.default_rng(self.split_seed).permutation(num_train)
-        held_out, kept = np.sort(order[: self.val_size]), np.sort(order[self.val_size :])
+        held_out, kept = np.sort(order[:val_size]), np.sort(order[val_size:])
         test_split = self.cache.split("test")
         test = MemmapBatches(test_split.images, test_split.labels)
-        val = MemmapBatches(train.images, train.labels, held_out) if self.val_size else test
+        val = MemmapBatches(train.images, train.labels, held_out) if val_size else test
         self.serve(stage, MemmapBatches(train.images, train.labels, kept, with_ids=True), val, test)
 
     @property
     @override
     def validates_on_test_set(self) -> bool:
-        return self.val_size == 0
+        return self.val_size == 0 and not self.folds
