@@ -178,3 +178,42 @@ def test_a_cross_validation_stopped_mid_fold_continues_exactly(tmp_path):
         assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0]), fold
     summaries = [next(r.glob("runs/*/cv-*/cv_summary.csv")).read_text() for r in roots.values()]
     assert summaries[0] == summaries[1]
+
+
+@pytest.mark.slow
+def test_compare_trains_two_configs_on_the_same_folds_and_gives_the_paired_differences(tmp_path):
+    """B differs from A by one setting; each fold's difference is B's figure minus A's on the same images."""
+    photos = tmp_path / "photos"
+    write_image_folder(photos, CLASSES, per_class=12)
+    options = images_args(photos, "--trainer.max_epochs=2")[1:]
+    at = options.index(str(PHOTO_ROOT / "configs" / "images.yaml"))
+    del options[at - 1 : at + 1]  # the configs compared are whole configs: images.yaml, and it changed
+    config_a = PHOTO_ROOT / "configs" / "images.yaml"
+    config_b = tmp_path / "smoothed_less.yaml"
+    config_b.write_text(config_a.read_text().replace("label_smoothing: 0.1", "label_smoothing: 0.0"))
+    result = subprocess.run(
+        [sys.executable, str(PHOTO_ROOT / "cross_validate.py"), "--compare", str(config_a), str(config_b),
+         *options, f"--folds={FOLDS}"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (compare,) = tmp_path.glob("runs/*/compare-*/cv_compare.csv")
+    summaries = {}
+    for summary in tmp_path.glob("runs/*/cv-*/cv_summary.csv"):
+        rows = {row["figure"]: row for row in csv.DictReader(summary.read_text().splitlines())}
+        config = yaml_of_first_fold(tmp_path, summary.parent.name.removeprefix("cv-"))
+        summaries["B" if "label_smoothing: 0.0" in config else "A"] = rows
+    assert sorted(summaries) == ["A", "B"]
+    for row in csv.DictReader(compare.read_text().splitlines()):
+        a, b = summaries["A"][row["figure"]], summaries["B"][row["figure"]]
+        for fold in range(FOLDS):
+            expected = float(b[f"fold_{fold}"]) - float(a[f"fold_{fold}"])
+            assert abs(float(row[f"fold_{fold}"]) - expected) < 1e-5, (row["figure"], fold)
+        assert float(row["ci95_low"]) <= float(row["b_minus_a"]) <= float(row["ci95_high"])
+        assert row["verdict"] in ("A better", "B better", "no difference shown")
+    assert "B - A" in result.stdout and f"Comparison: {compare.relative_to(tmp_path)}" in result.stdout
+
+
+def yaml_of_first_fold(root: Path, run_name: str) -> str:
+    (config,) = root.glob(f"runs/*/{run_name}/config.yaml")
+    return config.read_text()

@@ -2,6 +2,7 @@
 
 python cross_validate.py --data.image_dir photos/ [--folds 5] [--fold K] [--output DIR]
     [any main.py fit option, e.g. --config configs/images.yaml --trainer.max_epochs 10]
+python cross_validate.py --compare configs/a.yaml configs/b.yaml [--folds 5] [fit options for both]
 
 Each fold is an ordinary ``main.py fit`` run (``data.folds``, ``data.fold``): its own folder, named by its config,
 data and fold, continued exactly where it stopped and reused once finished, so the same command run again
@@ -13,6 +14,10 @@ Writes, by default beside the fold runs (``runs/<name>/cv-<first fold's run>/``)
 ``oof_predictions.csv`` (every image answered, calibrated, by the fold model that never trained on it),
 ``cv_report.html`` and ``tensorboard/`` (a scalar per fold). ``check_labels.py`` with the same options ranks
 label issues from these same fold runs without training them again.
+
+``--compare A B`` cross-validates both configs on the same folds (the same images and ``data.split_seed``), then
+gives each figure's per-fold difference B - A, its mean and 95 % interval: where the interval excludes 0, these
+photos tell the two apart (``cv_compare.csv``, in ``compare-<A's>-<B's>/`` beside B's summary).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add("--fold", type=int, help="train this fold alone (counted from 0) and write no summary: folds side by side")
     add("--output", type=Path, help="the folder of the summary, the report and the answers (default: beside the runs)")
     add("--gallery", type=int, default=48, help="how many wrong answers the report shows")
+    add("--compare", nargs=2, type=Path, metavar=("A", "B"),
+        help="two configs trained on the same folds: is B better than A? (paired per-fold differences)")  # fmt: skip
     return parser.parse_known_args(argv)
 
 
@@ -42,6 +49,11 @@ def checked(options: argparse.Namespace, fit_options: list[str]) -> list[str]:
     """The fit options to run each fold with; a mistake is one line."""
     if options.folds < 2:
         raise UsageError(f"--folds must be at least 2, got {options.folds}")
+    if options.compare and options.fold is not None:
+        raise UsageError("--compare trains both configs' folds and compares them; run --fold without --compare")
+    for config in options.compare or []:
+        if not config.is_file():
+            raise UsageError(f"--compare {config}: no such config file; give two YAML configs")
     if options.fold is not None and not 0 <= options.fold < options.folds:
         raise UsageError(
             f"--fold must be between 0 and {options.folds - 1} (--folds {options.folds}), got {options.fold}"
@@ -66,37 +78,67 @@ def checked(options: argparse.Namespace, fit_options: list[str]) -> list[str]:
     return kept
 
 
+def cross_validation(
+    options: argparse.Namespace, fit_options: list[str], model_class: type[L.LightningModule], default_config: Path,
+    output: Path | None,
+) -> tuple[dict, Path] | None:  # fmt: skip
+    """Every fold trained (or continued, or reused), then the summary's files; None with ``--fold``."""
+    from ..machinery import cross_validation as cv
+    from ..machinery import label_check
+    from ..machinery.cross_validation_report import write_report
+
+    chosen = range(options.folds) if options.fold is None else [options.fold]
+    folds = []
+    for fold in chosen:
+        print(f"Fold {fold + 1} of {options.folds}", flush=True)
+        folds.append(label_check.run_fold(fit_options, options.folds, fold, model_class, default_config))
+    if options.fold is not None:
+        print(f"Fold {options.fold} is trained: {folds[0].run_dir}. Once every fold is, the same command without "
+              "--fold writes the summary (and trains any fold left).")  # fmt: skip
+        return None
+    summary = cv.spreads([cv.fold_figures(fold) for fold in folds])
+    output = output or folds[0].run_dir.parent / f"cv-{folds[0].run_dir.name}"
+    output.mkdir(parents=True, exist_ok=True)
+    cv.write_summary(summary, output / "cv_summary.csv")
+    cv.write_out_of_fold(folds, output / "oof_predictions.csv")
+    write_report(folds, summary, output / "cv_report.html", options.gallery)
+    cv.write_tensorboard(summary, output / "tensorboard")
+    print(cv.console_table(summary))
+    print(f"Cross-validation: {output / 'cv_summary.csv'}, {output / 'cv_report.html'} and "
+          f"{output / 'oof_predictions.csv'}", flush=True)  # fmt: skip
+    return summary, output
+
+
 def main(model_class: type[L.LightningModule], default_config: Path, argv: list[str] | None = None) -> int:
     """``python cross_validate.py ...`` of the project whose LightningModule and default config are given."""
     silence_known_noise()
     options, fit_options = parse_args(argv)
     try:
         fit_options = checked(options, fit_options)
-        from ..machinery import cross_validation as cv
-        from ..machinery import label_check
-        from ..machinery.cross_validation_report import write_report
-
-        chosen = range(options.folds) if options.fold is None else [options.fold]
-        folds = []
-        for fold in chosen:
-            print(f"Fold {fold + 1} of {options.folds}", flush=True)
-            folds.append(label_check.run_fold(fit_options, options.folds, fold, model_class, default_config))
-        if options.fold is not None:
-            print(f"Fold {options.fold} is trained: {folds[0].run_dir}. Once every fold is, the same command without "
-                  "--fold writes the summary (and trains any fold left).")  # fmt: skip
+        if not options.compare:
+            cross_validation(options, fit_options, model_class, default_config, options.output)
             return 0
-        summary = cv.spreads([cv.fold_figures(fold) for fold in folds])
-        output = options.output or folds[0].run_dir.parent / f"cv-{folds[0].run_dir.name}"
+        from ..machinery import cross_validation as cv
+
+        summaries, outputs = [], []
+        for name, config in zip("AB", options.compare, strict=True):
+            print(f"{name}: {config}", flush=True)
+            output = options.output / f"cv-{name}" if options.output else None
+            summary, folder = cross_validation(options, [f"--config={config}", *fit_options], model_class,
+                                               default_config, output)  # fmt: skip
+            summaries.append(summary)
+            outputs.append(folder)
+        comparison = cv.paired(*summaries)
+        names = (folder.name.removeprefix("cv-") for folder in outputs)
+        output = options.output or outputs[1].parent / f"compare-{'-'.join(names)}"
         output.mkdir(parents=True, exist_ok=True)
-        cv.write_summary(summary, output / "cv_summary.csv")
-        cv.write_out_of_fold(folds, output / "oof_predictions.csv")
-        write_report(folds, summary, output / "cv_report.html", options.gallery)
-        cv.write_tensorboard(summary, output / "tensorboard")
+        cv.write_comparison(comparison, output / "cv_compare.csv")
     except Exception as error:  # a user's mistake: one line (FULL_ERROR=1: the traceback)
         exit_with(error)
-    print(cv.console_table(summary))
-    print(f"Cross-validation: {output / 'cv_summary.csv'}, {output / 'cv_report.html'} and "
-          f"{output / 'oof_predictions.csv'}")  # fmt: skip
+    a, b = options.compare
+    print(f"B ({b}) against A ({a}), fold by fold on the same folds:")
+    print(cv.comparison_table(comparison))
+    print(f"Comparison: {output / 'cv_compare.csv'}")
     return 0
 
 

@@ -192,3 +192,58 @@ def write_tensorboard(summary: dict[str, Spread], folder: Path) -> None:
                     writer.add_scalar(f"cv/{name}", value, global_step=fold)
     finally:
         writer.close()
+
+
+LOWER_IS_BETTER = ("ece",)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A figure of two cross-validations on the same folds: A's and B's spread, and B - A fold by fold."""
+
+    a: Spread
+    b: Spread
+    b_minus_a: Spread
+
+    def verdict(self, name: str) -> str:
+        """Which is better on these folds, where the 95 % interval of the mean difference excludes 0."""
+        low, high = self.b_minus_a.interval
+        if math.isnan(low) or low <= 0 <= high:
+            return "no difference shown"
+        b_higher = low > 0
+        return "B better" if b_higher != (name in LOWER_IS_BETTER) else "A better"
+
+
+def paired(a: dict[str, Spread], b: dict[str, Spread]) -> dict[str, Difference]:
+    """Each figure both give, with the per-fold differences B - A (the same folds: a paired comparison)."""
+    return {
+        name: Difference(a[name], b[name], Spread(tuple(y - x for x, y in zip(a[name].values, b[name].values,
+                                                                                strict=True))))
+        for name in a if name in b
+    }  # fmt: skip
+
+
+def comparison_table(comparison: dict[str, Difference]) -> str:
+    rows = [(name, difference) for name, difference in comparison.items() if "/" not in name]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'figure':<{width}}  {'A':>7}  {'B':>7}  {'B - A':>8}  {'95 % interval':>19}  verdict"]
+    for name, difference in rows:
+        low, high = difference.b_minus_a.interval
+        means = f"{difference.a.mean:7.4f}  {difference.b.mean:7.4f}  {difference.b_minus_a.mean:+8.4f}"
+        lines.append(f"{name:<{width}}  {means}  [{low:+8.4f}, {high:+8.4f}]  {difference.verdict(name)}")
+    return "\n".join(lines)
+
+
+def write_comparison(comparison: dict[str, Difference], output: Path) -> None:
+    """``cv_compare.csv``: per figure, A's and B's means, the mean difference B - A, its 95 % interval, the
+    verdict, then each fold's difference."""
+    folds = len(next(iter(comparison.values())).b_minus_a.values)
+    with Partial(output) as path, open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["figure", "a_mean", "b_mean", "b_minus_a", "ci95_low", "ci95_high", "verdict",
+                         *(f"fold_{k}" for k in range(folds))])  # fmt: skip
+        for name, difference in comparison.items():
+            low, high = difference.b_minus_a.interval
+            numbers = (difference.a.mean, difference.b.mean, difference.b_minus_a.mean, low, high)
+            writer.writerow([name, *(f"{v:.6f}" for v in numbers), difference.verdict(name),
+                             *(f"{v:.6f}" for v in difference.b_minus_a.values)])  # fmt: skip
