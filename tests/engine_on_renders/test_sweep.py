@@ -261,3 +261,23 @@ def test_a_storage_url_is_printed_without_its_password():
     )
     assert without_password("sqlite:///runs/sweeps.db") == "sqlite:///runs/sweeps.db"
     assert without_password("journal:runs/sweeps.journal") == "journal:runs/sweeps.journal"
+
+
+@SLOW
+def test_a_cross_validated_sweep_scores_each_trial_by_its_folds_mean_and_prunes_on_its_first_folds(tmp_path):
+    write_tiny_archive(tmp_path / "data")
+    spec = write_sweep(tmp_path / "folded.yaml", pruner="engine_probes.PruneLaterTrials")
+    result = sweep("--sweep", str(spec), "--n_trials", "2", "--folds", "2", *TRIAL_OPTIONS, cwd=tmp_path)
+    complete, pruned = load(tmp_path, "folded").trials
+    assert (complete.state, pruned.state) == (TrialState.COMPLETE, TrialState.PRUNED)
+    folds = complete.user_attrs["fold_values"]
+    assert len(folds) == 2 and complete.value == pytest.approx(sum(folds) / 2)
+    # one report per fold: the mean so far; the pruned trial stopped after its first fold
+    assert complete.intermediate_values == pytest.approx({0: folds[0], 1: sum(folds) / 2})
+    assert sorted(pruned.intermediate_values) == [0]
+    assert "Trial 1 pruned by PruneLaterTrials after 1 of 2 folds" in result.stdout
+    held_out = sorted((yaml.safe_load(path.read_text())["data"]["init_args"]["fold"], path.parent.name)
+                      for path in (tmp_path / "runs").glob("*/*/config.yaml"))  # fmt: skip
+    assert [fold for fold, _ in held_out] == [0, 0, 1]  # trial 0's two fold runs and trial 1's first
+    refused = sweep("--sweep", str(spec), "--folds", "1", *TRIAL_OPTIONS, cwd=tmp_path, check=False)
+    assert refused.returncode == 2 and "--folds must be 0" in refused.stderr.strip().splitlines()[-1]

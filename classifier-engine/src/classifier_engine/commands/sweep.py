@@ -5,6 +5,7 @@ python sweep.py --sweep configs/sweeps/<config>.yaml --show     (the table, best
 
 Fit options (``--config ...``, ``--trainer.max_epochs 5``, ...) apply to every trial. Start the
 same command again, on this machine or another with the same ``--storage``, to add a worker.
+``--folds k`` scores each trial by the mean of k cross-validation fold runs, pruned on its first folds.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add("--show", action="store_true", help="run no trial: print the table, write best.yaml and the plots")
     add("--heartbeat_interval", type=int, default=60, help="seconds between a running trial's heartbeats")
     add("--grace_period", type=int, default=180, help="seconds without a heartbeat before a trial counts as dead")
+    add("--folds", type=int, default=0, help="score each trial by its mean over this many folds (a run each); 0: off")
     return parser.parse_known_args(argv)
 
 
@@ -48,6 +50,11 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
             raise UsageError(f"sweeps need {error.name}, which is not installed; pip install -e '.[{EXTRA}]'") from None
         from ..machinery.sweeps import report, space, study, trial, validate
 
+        if options.folds == 1 or options.folds < 0:
+            raise UsageError(f"--folds must be 0 (one validation split) or at least 2, got {options.folds}")
+        if any(option.startswith(("--data.folds", "--data.fold=", "--data.fold ")) or option == "--data.fold"
+               for option in fit_options):  # fmt: skip
+            raise UsageError("sweep.py sets data.folds and data.fold itself with --folds; leave them out")
         spec = space.SweepSpec.read(options.sweep)
         name = options.study or options.sweep.stem
         n_trials = options.n_trials or spec.n_trials
@@ -61,7 +68,7 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
         shared = study.open_study(spec, name, storage)
         if not options.show:
             heartbeats = None if options.storage.startswith(study.JOURNAL_PREFIX) else options.heartbeat_interval
-            objective = trial.TrialObjective(spec, fit_options, name, model_class, default_config)
+            objective = trial.TrialObjective(spec, fit_options, name, model_class, default_config, options.folds)
             study.run_worker(shared, objective, n_trials, heartbeats)
         output_dir = Path("runs") / "sweeps" / name
         output_dir.mkdir(parents=True, exist_ok=True)

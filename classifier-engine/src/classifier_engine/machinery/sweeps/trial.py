@@ -1,5 +1,7 @@
 """One trial is one ordinary ``main.py fit`` run: its own directory (named by its config hash), checkpoints and logs.
 
+With ``sweep.py --folds k``, a trial is k fold runs scored by their mean (``TrialObjective``).
+
 The trial's values become command-line options on top of the sweep's fit options, and the run
 is started with ``--ckpt_path last --allow_fresh_start true``: a trial whose config was trained
 before continues that run (a finished one is not trained again, its result is reused), and a
@@ -9,6 +11,7 @@ trial retried after its worker was killed resumes the killed trial's checkpoint.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +63,12 @@ def recorded_value(run_dir: Path) -> float | None:
 
 
 class TrialObjective:
-    """What Optuna calls per trial: draw values, run the fit, return the metric after the last validation."""
+    """What Optuna calls per trial: draw values, run the fit, return the metric after the last validation.
+
+    With ``folds``, a trial is that many fold runs (``data.folds``, ``data.fold``) and its value their mean:
+    after each fold the mean so far is reported to the pruner (the fold is the step), so a trial that
+    starts worse than the others is pruned on its first folds instead of training them all.
+    """
 
     def __init__(
         self,
@@ -69,27 +77,50 @@ class TrialObjective:
         study_name: str,
         model_class: type[L.LightningModule],
         default_config: Path,
+        folds: int = 0,
     ) -> None:
         self.spec = spec
         self.fit_options = fit_options
         self.study_name = study_name
         self.model_class = model_class
         self.default_config = default_config
+        self.folds = folds
 
-    def args(self, values: dict[str, Any]) -> list[str]:
-        return ["fit", *self.fit_options, *as_options(values), "--ckpt_path=last", "--allow_fresh_start=true"]
+    def args(self, values: dict[str, Any], extra: list[str] | None = None) -> list[str]:
+        return ["fit", *self.fit_options, *as_options(values), *(extra or []), "--ckpt_path=last",
+                "--allow_fresh_start=true"]  # fmt: skip
 
     def __call__(self, trial: optuna.Trial) -> float:
         values = self.spec.suggest(trial)
-        record = TrialRecord(trial, self.study_name)
-        pruning = PyTorchLightningPruningCallback(trial, monitor=self.spec.metric)
         print(f"Trial {trial.number}: {', '.join(f'{key}={value}' for key, value in values.items())}", flush=True)
+        if not self.folds:
+            return self.fit(trial, values, [], prune_by_epoch=True)
+        scores = []
+        for fold in range(self.folds):
+            print(f"Trial {trial.number}: fold {fold + 1} of {self.folds}", flush=True)
+            folded = [f"--data.folds={self.folds}", f"--data.fold={fold}"]
+            scores.append(self.fit(trial, values, folded, prune_by_epoch=False))
+            trial.report(statistics.mean(scores), step=fold)
+            if fold + 1 < self.folds and trial.should_prune():
+                pruner, mean = type(trial.study.pruner).__name__, statistics.mean(scores)
+                print(f"Trial {trial.number} pruned by {pruner} after {fold + 1} of {self.folds} folds "
+                      f"({self.spec.metric} {mean:.4f})", flush=True)  # fmt: skip
+                raise optuna.TrialPruned()
+        trial.set_user_attr("fold_values", scores)
+        return statistics.mean(scores)
+
+    def fit(self, trial: optuna.Trial, values: dict[str, Any], extra: list[str], prune_by_epoch: bool) -> float:
+        """One fit of the trial's values (one fold of it, with ``extra``); its metric after the last validation."""
+        record = TrialRecord(trial, self.study_name)
+        callbacks: list[L.Callback] = [record]
+        if prune_by_epoch:
+            callbacks.append(PyTorchLightningPruningCallback(trial, monitor=self.spec.metric))
         try:
             cli = TrainerCLI(
                 self.model_class,
                 default_config=self.default_config,
-                args=self.args(values),
-                trainer_defaults={"callbacks": [record, pruning]},
+                args=self.args(values, extra),
+                trainer_defaults={"callbacks": callbacks},
             )
         except optuna.TrialPruned:
             record.write(state="pruned")
