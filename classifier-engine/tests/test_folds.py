@@ -84,3 +84,18 @@ def test_the_95_percent_interval_of_the_mean_uses_student_s_t():
     assert (high - low) / 2 == pytest.approx(2.776 * 0.0158114 / math.sqrt(5), rel=1e-4)
     assert t_975(4) == 2.776 and t_975(22) == 2.060 and t_975(1000) == 1.980
     assert math.isnan(Spread((0.5,)).std)
+
+
+def test_more_folds_than_a_class_has_images_or_a_folder_with_its_own_val_split_is_refused(tmp_path):
+    from classifier_engine import ImageFolderDataModule
+
+    write_image_folder(tmp_path / "photos", ("cat", "dog"), per_class=3)
+    with pytest.raises(DataSettingError, match=r"data\.folds=4 is more folds than the largest class has images"):
+        ImageFolderDataModule(image_dir=str(tmp_path / "photos"), folds=4, cache_dir=str(tmp_path / "packed"))
+    write_image_folder(tmp_path / "split" / "train", ("cat", "dog"), per_class=6)
+    write_image_folder(tmp_path / "split" / "val", ("cat", "dog"), per_class=2)
+    with pytest.raises(DataSettingError, match=r"its own val split.*data\.pool_val true"):
+        ImageFolderDataModule(image_dir=str(tmp_path / "split"), folds=3, cache_dir=str(tmp_path / "packed"))
+    pooled = ImageFolderDataModule(image_dir=str(tmp_path / "split"), folds=3, pool_val=True,
+                                   cache_dir=str(tmp_path / "packed"))  # fmt: skip
+    assert pooled.images_counted == 16 and pooled.class_counts == [8, 8]

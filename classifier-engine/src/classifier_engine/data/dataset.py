@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .errors import DataSettingError
 from .image_files import centre_crop
 
 
@@ -167,6 +168,11 @@ def cross_validation_folds(
     images, labels = split.paths
     rows = split.indices if split.indices is not None else np.arange(len(split))
     held = fold_of_each(np.asarray(split.arrays[1])[rows], folds, seed, groups) == fold
+    if not held.any():
+        raise DataSettingError(
+            f"data.folds={folds} leaves fold {fold} without images ({len(rows)} training images, dealt by class"
+            f"{' and group' if groups is not None else ''}); lower data.folds or add images"
+        )
     return (
         MemmapBatches(images, labels, rows[~held], with_ids=split.with_ids),
         MemmapBatches(images, labels, rows[held]),

@@ -232,6 +232,11 @@ class ImageFolderDataModule(ImageDataModule):
             )
         self.class_counts = self.found.class_counts("train")
         self.images_counted = len(self.found.splits["train"])
+        if self.folds > max(self.class_counts, default=0):
+            raise DataSettingError(
+                f"data.folds={self.folds} is more folds than the largest class has images ({max(self.class_counts)}"
+                f" in {self.image_dir}): a fold would hold none; lower data.folds to at most {max(self.class_counts)}"
+            )
         if val_fraction == 0 and "val" not in self.found.splits and not self.folds:
             raise ValueError(
                 f"data.val_fraction is 0 and {self.image_dir} has no val split, so nothing would be validated; "
