@@ -16,7 +16,7 @@ from classifier_engine.testing.cifar_archives import write_archive
 from .conftest import NUM_TRAIN, PHOTO_ROOT, PROJECT_ROOT, cli_env, make_images, write_tiny_archive
 
 # The project each benchmark measures (run from elsewhere, it is named by BENCH_PROJECT): photos or CIFAR.
-PHOTO_BENCHMARKS = {"bench_folder.py", "bench_stream.py", "bench_finetune.py", "bench_unknown.py"}
+PHOTO_BENCHMARKS = {"bench_folder.py", "bench_stream.py", "bench_finetune.py", "bench_unknown.py", "bench_crossval.py"}
 
 
 def bench_command(script: str) -> list[str]:
@@ -222,3 +222,19 @@ def test_recipe_benchmark_refuses_a_missing_reference_in_one_line(tmp_path):
     )  # fmt: skip
     assert result.returncode == 2 and result.stderr.startswith("error: --reference nope.py: no such file")
     assert len(result.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_the_cross_validation_benchmark_sets_its_estimate_against_a_held_out_split_and_times_k_fits(tmp_path):
+    result = subprocess.run(
+        [*bench_command("bench_crossval.py"), "--quick"],
+        cwd=tmp_path, env=bench_env("bench_crossval.py", HF_HUB_OFFLINE="1"), capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    *table, last = result.stdout.strip().splitlines()
+    row = json.loads(last)["warm"]
+    low, high = row["cv_ci95"]
+    assert low <= row["cv_top1"] <= high and 0 <= row["single_split_test_top1"] <= 1
+    assert row["single_split_test_inside_interval"] == (low <= row["single_split_test_top1"] <= high)
+    assert row["time_ratio"] == pytest.approx(row["cv_seconds"] / row["separate_fits_seconds"])
+    assert table[-1].startswith("| warm | ") and list(tmp_path.iterdir()) == []

@@ -30,6 +30,7 @@ import lightning as L
 
 from ..foundation.errors import OneLineArgumentParser, UsageError, exit_with
 from ..machinery.console_log import CONSOLE
+from ..machinery.launch import launched_as_rank_zero
 from ..machinery.noise import silence_known_noise
 
 
@@ -98,6 +99,8 @@ def cross_validation(
         return None
     summary = cv.spreads([cv.fold_figures(fold) for fold in folds])
     output = output or folds[0].run_dir.parent / f"cv-{folds[0].run_dir.name}"
+    if not launched_as_rank_zero():  # the other ranks of a multi-GPU fit ran the folds with it; one writes
+        return summary, output
     output.mkdir(parents=True, exist_ok=True)
     cv.write_summary(summary, output / "cv_summary.csv")
     cv.write_out_of_fold(folds, output / "oof_predictions.csv")
@@ -129,6 +132,8 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
             summaries.append(summary)
             outputs.append(folder)
         comparison = cv.paired(*summaries)
+        if not launched_as_rank_zero():
+            return 0
         names = (folder.name.removeprefix("cv-") for folder in outputs)
         output = options.output or outputs[1].parent / f"compare-{'-'.join(names)}"
         output.mkdir(parents=True, exist_ok=True)

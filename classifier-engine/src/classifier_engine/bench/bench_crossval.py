@@ -1,0 +1,134 @@
+"""How far a cross-validated estimate lies from photos the folds never saw, and what cross_validate.py costs.
+
+    python -m classifier_engine.bench crossval --sets ants_bees/ clothing/ --weights_path FILE
+        [--folds 5] [--epochs 5] [--test_fraction 0.3] [--quick]
+
+Each set is a folder of class folders (or of ``train/`` and ``val/`` folders, pooled). A seeded, stratified
+share (``--test_fraction``) is held out as the test split, which no fold and no model here trains or
+validates on. On the rest, with the photo config as shipped:
+
+- ``cross_validate.py --folds k``: the cross-validated top-1, its 95 % interval, and its wall time;
+- the same k fold runs as k separate ``main.py fit`` commands (``data.folds``, ``data.fold``), timed: the
+  overhead of one command over k;
+- a single-split model (``main.py fit``, a tenth of each class validated): its top-1 on the test split;
+- each fold model's top-1 on the test split.
+
+It prints, per set: the estimate and its interval, the single-split and fold models' test top-1, whether
+the test top-1 lies inside the interval, and the time ratio. The last line is one JSON object of every figure.
+``--quick`` (what the tests run) checks the script works on generated photos from random weights; its figures
+mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..machinery.export.model_loading import load_model
+from ..machinery.export.run_data import load_run_data
+from .bench_unknown import write_quick_sets
+from .project import PROJECT_ROOT as PROJECT
+from .project import ImageClassifier
+
+IMAGES_CONFIG = PROJECT / "configs" / "images.yaml"
+
+
+def options(args: argparse.Namespace, data: Path) -> list[str]:
+    """The fit options every command of the benchmark shares (its own work is named by what it adds)."""
+    weights = [f"--model.backbone.weights_path={args.weights_path}"] if args.weights_path else []
+    pooled = ["--data.pool_val=true"] if (data / "val").is_dir() else []
+    return ["--config", str(IMAGES_CONFIG), *weights, *args.extra, *pooled, f"--data.image_dir={data}",
+            f"--data.test_fraction={args.test_fraction}", f"--trainer.max_epochs={args.epochs}",
+            "--seed_everything=0", "--trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+def timed(command: list[str], cwd: Path) -> float:
+    """Wall seconds of ``command`` (a failure ends the benchmark in one line)."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"error: {' '.join(command[1:3])} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+    return time.perf_counter() - start
+
+
+def test_top1(last: Path) -> float:
+    """Top-1 of a run's last checkpoint on its test split (the checkpoint's own calibration and views)."""
+    model, checkpoint = load_model(last, ImageClassifier)
+    model.eval()
+    data = load_run_data(last, checkpoint, list(model.class_names), None, "the benchmark").datamodule
+    test = data.held_out_images()
+    images, labels = np.asarray(test.images[:]), np.asarray(test.labels)
+    with torch.no_grad():
+        logits = torch.cat([model.evaluate(torch.from_numpy(images[start : start + 64]))
+                            for start in range(0, len(images), 64)])  # fmt: skip
+    return float((logits.argmax(1).numpy() == labels).mean())
+
+
+def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
+    shared = options(args, data)
+    cv_root, separate_root, single_root = scratch / "cv", scratch / "separate", scratch / "single"
+    cv_seconds = timed([sys.executable, str(PROJECT / "cross_validate.py"), *shared, f"--folds={args.folds}"], cv_root)
+    fold_command = [sys.executable, str(PROJECT / "main.py"), "fit", *shared, f"--data.folds={args.folds}"]
+    separate_seconds = sum(timed([*fold_command, f"--data.fold={fold}"], separate_root) for fold in range(args.folds))
+    timed([sys.executable, str(PROJECT / "main.py"), "fit", *shared], single_root)
+    (summary_path,) = cv_root.glob("runs/*/cv-*/cv_summary.csv")
+    top1 = next(row for row in csv.DictReader(summary_path.read_text().splitlines()) if row["figure"] == "top1")
+    (single_last,) = single_root.glob("runs/*/*/checkpoints/last.ckpt")
+    fold_tests = [test_top1(last) for last in sorted(cv_root.glob("runs/*/*/checkpoints/last.ckpt"))]
+    single_test = test_top1(single_last)
+    low, high = float(top1["ci95_low"]), float(top1["ci95_high"])
+    return {
+        "cv_top1": float(top1["mean"]), "cv_ci95": [low, high], "cv_std": float(top1["std"]),
+        "single_split_test_top1": single_test, "fold_models_test_top1": statistics.mean(fold_tests),
+        "single_split_test_inside_interval": low <= single_test <= high,
+        "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds,
+        "time_ratio": cv_seconds / separate_seconds,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sets", type=Path, nargs="+", help="folders of class folders (or train/ and val/)")
+    parser.add_argument("--weights_path", type=Path, help="a local weights file of the config's network (offline)")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--test_fraction", type=float, default=0.3, help="share of each class no fold sees")
+    parser.add_argument("--quick", action="store_true", help="a tiny run that checks the benchmark works")
+    args = parser.parse_args()
+    args.extra = []
+    results = {}
+    print("| set | CV top-1 (95 % interval) | single split, test | fold models, test | test inside | time vs k fits |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory(prefix="bench-crossval-") as folder:
+        scratch = Path(folder)
+        if args.quick:
+            args.sets, args.folds, args.epochs = write_quick_sets(scratch / "sets")[:1], 2, 1
+            args.extra = ["--model.backbone.name=resnet10t", "--model.backbone.pretrained=false",
+                          "--data.image_size=32", "--data.num_workers=0"]  # fmt: skip
+        elif not args.sets:
+            parser.error("--sets is required (or --quick)")
+        if args.weights_path:
+            args.weights_path = args.weights_path.expanduser().resolve()
+        for data in (path.expanduser().resolve() for path in args.sets):
+            row = results[data.name] = one_set(args, data, scratch / data.name)
+            low, high = row["cv_ci95"]
+            print(f"| {data.name} | {row['cv_top1']:.3f} ({low:.3f} to {high:.3f}) | "
+                  f"{row['single_split_test_top1']:.3f} | {row['fold_models_test_top1']:.3f} | "
+                  f"{'yes' if row['single_split_test_inside_interval'] else 'no'} | {row['time_ratio']:.3f} |",
+                  flush=True)  # fmt: skip
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
