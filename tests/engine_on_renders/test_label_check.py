@@ -14,7 +14,10 @@ from classifier_engine.testing import write_multilabel_images
 
 from .conftest import PHOTO_ROOT, cli_env, images_args, write_image_folder
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_render]  # three short fits, and the same command again
+# Three short fits and the same command again, in CI (every_render); the several-labels ranking (two folds of 20
+# epochs) with `pytest -m slow`: CI runs the fold machinery it shares with cross_validate.py (test_cross_validate).
+pytestmark = pytest.mark.slow
+EVERY_RENDER = pytest.mark.every_render
 
 CLASSES = ("cat", "dog", "fish cake")
 
@@ -40,6 +43,7 @@ def check_labels(root: Path, photos: Path, *extra: str, folds: int = 3) -> subpr
     )  # fmt: skip
 
 
+@EVERY_RENDER
 def test_flipped_labels_rank_at_the_top_of_the_label_check(tmp_path):
     photos, flipped = photos_with_flipped_labels(tmp_path)
     result = check_labels(tmp_path, photos, "--output=checks/issues.csv")
@@ -77,6 +81,7 @@ def test_flipped_labels_rank_at_the_top_of_the_label_check(tmp_path):
     assert len(list(tmp_path.glob("runs/images/*/checkpoints/last.ckpt"))) == 3
 
 
+@EVERY_RENDER
 def test_bad_options_are_one_line_and_write_nothing(tmp_path):
     photos, _ = photos_with_flipped_labels(tmp_path)
     for extra, message in ((["--folds=1"], "at least 2"), (["--data.folds=4"], "sets data.folds")):
