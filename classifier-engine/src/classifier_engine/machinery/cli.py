@@ -265,8 +265,9 @@ class TrainerCLI(LightningCLI):
             else:
                 super()._run_subcommand(subcommand)
         except BaseException as error:
-            stop = self._get(self.config_init, "safety").stop
-            code = end_early(error, self.trainer, self.run, stop, self.checkpoint_writer, trained=keep())
+            safety = self._get(self.config_init, "safety")
+            safety.peers.stop_watching()  # Lightning skips callbacks' teardown on this way out
+            code = end_early(error, self.trainer, self.run, safety.stop, self.checkpoint_writer, trained=keep())
             if code is not None:  # a stopped run is not a finished one: say so in the exit status
                 if keep():
                     CONSOLE.attach(self.run.directory, self.trainer.global_rank)

@@ -93,8 +93,19 @@ class RankFailureWatch(Callback):
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.stop_watching()
+
+    def stop_watching(self) -> None:
+        """End the watch thread before the process group goes, and wait for it, on every way out of a command.
+
+        Lightning skips callbacks' ``teardown`` when a stop or an error ends the fit. A watch still polling
+        then sees the store close with the group, and a daemon thread still inside the store's C++ call when
+        the interpreter ends is unwound through it, which aborts the process (SIGABRT instead of 143).
+        """
         self._done.set()
-        self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(STORE_TIMEOUT.total_seconds() + POLL_SECONDS)
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
