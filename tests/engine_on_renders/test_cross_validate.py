@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from .conftest import PHOTO_ROOT, cli_env, images_args, write_image_folder
@@ -49,13 +50,24 @@ def digests(root: Path) -> dict[str, str]:
     }
 
 
-def runs_by_fold(root: Path) -> dict[int, Path]:
-    """Each fold's run folder, by the fold its config holds out."""
+def runs_by_fold(root: Path) -> dict[int | None, Path]:
+    """Each fold's run folder, by the fold its config holds out (None: the final model's, which holds none out)."""
     runs = {}
     for config in root.glob("runs/*/*/config.yaml"):
         line = next(line for line in config.read_text().splitlines() if line.strip().startswith("fold:"))
-        runs[int(line.split(":")[1])] = config.parent
+        value = line.split(":")[1].strip()
+        runs[None if value == "null" else int(value)] = config.parent
     return runs
+
+
+def best_epoch_count(run_dir: Path) -> int:
+    """After how many epochs the run validated best: the highest val/top1, ties to the lower val/loss."""
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    loss = {event.step: event.value for event in events.Scalars("val/loss")}
+    epoch = {event.step: event.value for event in events.Scalars("epoch")}
+    best = max(events.Scalars("val/top1"), key=lambda event: (event.value, -loss[event.step]))
+    return int(epoch[best.step]) + 1
 
 
 def last_logged(run_dir: Path, tag: str) -> float:
@@ -91,7 +103,8 @@ def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(
     result = subprocess.run([*script, *fit_options], cwd=tmp_path, env=cli_env(**job), capture_output=True,
                             text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert digests(tmp_path) == trained
+    summarized = digests(tmp_path)
+    assert trained.items() <= summarized.items() and len(summarized) == FOLDS + 1  # no fold again; the final run
     (cv_dir,) = tmp_path.glob("runs/*/cv-*")
     assert {path.name for path in cv_dir.iterdir()} == {
         "cv_summary.csv", "cv_report.html", "oof_predictions.csv", "tensorboard"
@@ -115,6 +128,7 @@ def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(
     # Each fold's figures are what its run logged on the same images; the summary holds their spread.
     summary = {row["figure"]: row for row in csv.DictReader((cv_dir / "cv_summary.csv").read_text().splitlines())}
     by_fold = runs_by_fold(tmp_path)
+    final_run = by_fold.pop(None)
     assert sorted(by_fold) == list(range(FOLDS))
     for fold, run in by_fold.items():
         for figure, tag in (("top1", "val/top1"), ("ece", "val/ece")):
@@ -131,18 +145,42 @@ def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(
     for section in ("Summary", "val/top1 of each fold", "Pooled confusion matrix", "The fold runs"):
         assert f"<h2>{section}</h2>" in page
 
+    # The final model: every image (train/ and val/ pooled) for the folds' mean best epoch count, validating none;
+    # calibrated on the folds' answers to all 48 images, its bank its own 48; exported, its card citing the folds.
+    epochs = round(sum(best_epoch_count(run) for run in by_fold.values()) / FOLDS)
+    assert f"max_epochs: {epochs}\n" in (final_run / "config.yaml").read_text()
+    assert "48 training and 0 validation images" in (final_run / "logs" / "console.log").read_text()
+    final = torch.load(final_run / "checkpoints" / "final.ckpt", weights_only=True)
+    assert final["epoch"] == epochs - 1 and final["calibration"]["fitted_on"]["split"] == "out-of-fold"
+    assert final["calibration"]["fitted_on"]["images"] == 48 and final["calibration"]["domain"]["bank_images"] == 48
+    assert final["cross_validation"]["figures"]["top1"]["mean"] == pytest.approx(float(summary["top1"]["mean"]))
+    last = torch.load(final_run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["calibration"]["fitted_on"] is None  # training wrote it, validating nothing; final.ckpt is derived
+    exported = final_run / "checkpoints" / "export"
+    assert {path.name for path in exported.iterdir()} == {"model.onnx", "model.pt2", "model.card.json", "model.card.md"}
+    card = (exported / "model.card.md").read_text()
+    assert f"Cross-validated ({FOLDS} folds; this model: every image, {epochs} epochs): top-1 " in card
+    assert f"top-1 {100 * float(summary['top1']['mean']):.1f} %" in card and "the folds' out-of-fold answers" in card
+    assert f"Final model: {final_run.relative_to(tmp_path)}/checkpoints/final.ckpt" in result.stdout
+    # The same command again trains nothing, and keeps the final model and its export as they are.
+    kept = {path: path.read_bytes() for path in [final_run / "checkpoints" / "final.ckpt", *exported.iterdir()]}
+    again = subprocess.run([*script, *fit_options], cwd=tmp_path, env=cli_env(**job), capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert digests(tmp_path) == summarized and all(path.read_bytes() == data for path, data in kept.items())
+
     # check_labels.py with the same options ranks from the same fold runs: none is trained again.
     before = digests(tmp_path)
     checked = command("check_labels.py", tmp_path, photos, "--data.pool_val=true", "--output=issues.csv")
     assert checked.returncode == 0, checked.stderr[-3000:]
-    assert digests(tmp_path) == before and len(before) == FOLDS
+    assert digests(tmp_path) == before and len(before) == FOLDS + 1
     assert (tmp_path / "issues.csv").is_file()
 
 
 @pytest.mark.slow
 def test_a_cross_validation_stopped_mid_fold_continues_exactly(tmp_path):
-    """SIGTERM in fold 0's second epoch; the same command again trains the rest of fold 0 and the other folds,
-    and ends where an uninterrupted cross-validation does: the same checkpoints' weights and the same summary."""
+    """SIGTERM in fold 0's second epoch; the same command again trains the rest of fold 0, the other folds and the
+    final model, and ends where an uninterrupted cross-validation does: the same weights and the same summary."""
     import torch
 
     roots = {name: tmp_path / name for name in ("uninterrupted", "stopped")}
@@ -170,8 +208,8 @@ def test_a_cross_validation_stopped_mid_fold_continues_exactly(tmp_path):
     continued = command("cross_validate.py", root, root / "photos", "--data.pool_val=true", probe)
     assert continued.returncode == 0, continued.stderr[-3000:]
     expected, actual = (runs_by_fold(r) for r in roots.values())
-    assert sorted(expected) == sorted(actual) == list(range(FOLDS))
-    for fold in range(FOLDS):
+    assert expected.keys() == actual.keys() == {*range(FOLDS), None}  # and the final model's run
+    for fold in [*range(FOLDS), None]:
         weights = [torch.load(runs[fold] / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
                    for runs in (expected, actual)]  # fmt: skip
         assert weights[0].keys() == weights[1].keys()

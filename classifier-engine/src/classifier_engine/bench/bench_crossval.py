@@ -10,13 +10,17 @@ validates on. On the rest, with the photo config as shipped:
 - ``cross_validate.py --folds k``: the cross-validated top-1, its 95 % interval, and its wall time;
 - the same k fold runs as k separate ``main.py fit`` commands (``data.folds``, ``data.fold``), timed: the
   overhead of one command over k;
-- a single-split model (``main.py fit``, a tenth of each class validated): its top-1 on the test split;
+- the final model (``--final all``: every photo, the folds' mean best epoch count, calibrated on the folds'
+  out-of-fold answers): its top-1 on the test split, and the share of test photos it keeps as like the
+  training ones (its "unknown" threshold was fitted on no image of its own; the goal is ``keep_in_domain``);
+- a single-split model (``main.py fit``, a tenth of each class validated): the same two figures;
 - each fold model's top-1 on the test split.
 
-It prints, per set: the estimate and its interval, the single-split and fold models' test top-1, whether
-the test top-1 lies inside the interval, and the time ratio. The last line is one JSON object of every figure.
-``--quick`` (what the tests run) checks the script works on generated photos from random weights; its figures
-mean nothing.
+It prints, per set: the estimate and its interval, the single-split, fold and final models' test top-1,
+whether the single-split and final models' test top-1 lie inside the interval, the shares kept, and the time
+ratio (the cross-validation without its final model against k separate fits). The last line is one JSON
+object of every figure. ``--quick`` (what the tests run) checks the script works on generated photos from
+random weights; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..machinery.checkpoint_io import stored_entry
 from ..machinery.export.model_loading import load_model
 from ..machinery.export.run_data import load_run_data
+from ..models.domain import find_head
+from ..models.network_parts import logits_and_features
 from .bench_unknown import write_quick_sets
 from .project import PROJECT_ROOT as PROJECT
 from .project import ImageClassifier
@@ -62,37 +69,63 @@ def timed(command: list[str], cwd: Path) -> float:
     return time.perf_counter() - start
 
 
-def test_top1(last: Path) -> float:
-    """Top-1 of a run's last checkpoint on its test split (the checkpoint's own calibration and views)."""
-    model, checkpoint = load_model(last, ImageClassifier)
+def on_test(checkpoint_path: Path) -> tuple[float, float]:
+    """A checkpoint's top-1 on its run's test split, and the share of the test photos its calibration calls like
+    the training ones (its own views, its "unknown" threshold: the goal keeps ``keep_in_domain`` of them)."""
+    model, checkpoint = load_model(checkpoint_path, ImageClassifier)
     model.eval()
-    data = load_run_data(last, checkpoint, list(model.class_names), None, "the benchmark").datamodule
+    data = load_run_data(checkpoint_path, checkpoint, list(model.class_names), None, "the benchmark").datamodule
     test = data.held_out_images()
     images, labels = np.asarray(test.images[:]), np.asarray(test.labels)
+    head = find_head(model, torch.from_numpy(images[:1]))
+    logits, inside = [], []
     with torch.no_grad():
-        logits = torch.cat([model.evaluate(torch.from_numpy(images[start : start + 64]))
-                            for start in range(0, len(images), 64)])  # fmt: skip
-    return float((logits.argmax(1).numpy() == labels).mean())
+        for start in range(0, len(images), 64):
+            batch = torch.from_numpy(images[start : start + 64])
+            out, features = logits_and_features(head, lambda batch=batch: model.evaluate(batch))
+            logits.append(out)
+            inside.append(model.calibration.in_domain(out, features))
+    top1 = float((torch.cat(logits).argmax(1).numpy() == labels).mean())
+    return top1, float(torch.cat(inside).float().mean())
+
+
+def fold_runs(root: Path) -> dict[int | None, Path]:
+    """The run folders under ``root`` by the fold their config holds out (None: a final model's, none)."""
+    runs = {}
+    for config in root.glob("runs/*/*/config.yaml"):
+        line = next(line for line in config.read_text().splitlines() if line.strip().startswith("fold:"))
+        value = line.split(":", 1)[1].strip()
+        runs[None if value == "null" else int(value)] = config.parent
+    return runs
 
 
 def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
     shared = options(args, data)
     cv_root, separate_root, single_root = scratch / "cv", scratch / "separate", scratch / "single"
-    cv_seconds = timed([sys.executable, str(PROJECT / "cross_validate.py"), *shared, f"--folds={args.folds}"], cv_root)
+    cross_validate = [sys.executable, str(PROJECT / "cross_validate.py"), *shared, f"--folds={args.folds}"]
+    cv_seconds = timed([*cross_validate, "--final=none"], cv_root)
     fold_command = [sys.executable, str(PROJECT / "main.py"), "fit", *shared, f"--data.folds={args.folds}"]
     separate_seconds = sum(timed([*fold_command, f"--data.fold={fold}"], separate_root) for fold in range(args.folds))
+    final_seconds = timed([*cross_validate, "--final=all"], cv_root)  # the folds reused: the final model alone
     timed([sys.executable, str(PROJECT / "main.py"), "fit", *shared], single_root)
     (summary_path,) = cv_root.glob("runs/*/cv-*/cv_summary.csv")
     top1 = next(row for row in csv.DictReader(summary_path.read_text().splitlines()) if row["figure"] == "top1")
     (single_last,) = single_root.glob("runs/*/*/checkpoints/last.ckpt")
-    fold_tests = [test_top1(last) for last in sorted(cv_root.glob("runs/*/*/checkpoints/last.ckpt"))]
-    single_test = test_top1(single_last)
+    runs = fold_runs(cv_root)
+    final_run = runs.pop(None)
+    fold_tests = [on_test(run / "checkpoints" / "last.ckpt")[0] for run in runs.values()]
+    single_test, single_kept = on_test(single_last)
+    final_test, final_kept = on_test(final_run / "checkpoints" / "final.ckpt")
     low, high = float(top1["ci95_low"]), float(top1["ci95_high"])
     return {
         "cv_top1": float(top1["mean"]), "cv_ci95": [low, high], "cv_std": float(top1["std"]),
         "single_split_test_top1": single_test, "fold_models_test_top1": statistics.mean(fold_tests),
+        "final_model_test_top1": final_test, "final_model_epochs": int(stored_entry(
+            final_run / "checkpoints" / "final.ckpt", "cross_validation")["epochs"]),
+        "single_split_test_in_domain": single_kept, "final_model_test_in_domain": final_kept,
         "single_split_test_inside_interval": low <= single_test <= high,
-        "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds,
+        "final_model_test_inside_interval": low <= final_test <= high,
+        "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds, "final_model_seconds": final_seconds,
         "time_ratio": cv_seconds / separate_seconds,
     }  # fmt: skip
 
@@ -108,8 +141,11 @@ def main() -> None:
     args = parser.parse_args()
     args.extra = []
     results = {}
-    print("| set | CV top-1 (95 % interval) | single split, test | fold models, test | test inside | time vs k fits |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| set | CV top-1 (95 % interval) | single split, test | fold models, test | final model, test | "
+        "test inside | kept as known: single, final | time vs k fits |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory(prefix="bench-crossval-") as folder:
         scratch = Path(folder)
         if args.quick:
@@ -123,10 +159,13 @@ def main() -> None:
         for data in (path.expanduser().resolve() for path in args.sets):
             row = results[data.name] = one_set(args, data, scratch / data.name)
             low, high = row["cv_ci95"]
+            inside = "/".join("yes" if row[f"{name}_test_inside_interval"] else "no"
+                              for name in ("single_split", "final_model"))  # fmt: skip
             print(f"| {data.name} | {row['cv_top1']:.3f} ({low:.3f} to {high:.3f}) | "
                   f"{row['single_split_test_top1']:.3f} | {row['fold_models_test_top1']:.3f} | "
-                  f"{'yes' if row['single_split_test_inside_interval'] else 'no'} | {row['time_ratio']:.3f} |",
-                  flush=True)  # fmt: skip
+                  f"{row['final_model_test_top1']:.3f} ({row['final_model_epochs']} epochs) | {inside} | "
+                  f"{row['single_split_test_in_domain']:.3f}, {row['final_model_test_in_domain']:.3f} | "
+                  f"{row['time_ratio']:.3f} |", flush=True)  # fmt: skip
     print(json.dumps(results))
 
 

@@ -15,6 +15,10 @@ Writes, by default beside the fold runs (``runs/<name>/cv-<first fold's run>/``)
 ``cv_report.html`` and ``tensorboard/`` (a scalar per fold). ``check_labels.py`` with the same options ranks
 label issues from these same fold runs without training them again.
 
+``--final all`` (the default) then trains the model to ship on every image for the folds' mean best epoch count
+(an ordinary run, ``data.fold`` null), calibrates it on the folds' out-of-fold answers, and exports it:
+``checkpoints/final.ckpt`` and ``checkpoints/export/`` in that run's folder, the card citing the folds' figures.
+
 ``--compare A B`` cross-validates both configs on the same folds (the same images and ``data.split_seed``), then
 gives each figure's per-fold difference B - A, its mean and 95 % interval: where the interval excludes 0, these
 photos tell the two apart (``cv_compare.csv``, in ``compare-<A's>-<B's>/`` beside B's summary).
@@ -41,6 +45,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add("--fold", type=int, help="train this fold alone (counted from 0) and write no summary: folds side by side")
     add("--output", type=Path, help="the folder of the summary, the report and the answers (default: beside the runs)")
     add("--gallery", type=int, default=48, help="how many wrong answers the report shows")
+    add("--final", choices=("all", "none"), default="all",
+        help="all: then train a final model on every image for the folds' mean best epoch count, calibrated on "
+             "their out-of-fold answers, and export it; none: the folds' figures only")  # fmt: skip
     add("--compare", nargs=2, type=Path, metavar=("A", "B"),
         help="two configs trained on the same folds: is B better than A? (paired per-fold differences)")  # fmt: skip
     return parser.parse_known_args(argv)
@@ -82,8 +89,9 @@ def checked(options: argparse.Namespace, fit_options: list[str]) -> list[str]:
 def cross_validation(
     options: argparse.Namespace, fit_options: list[str], model_class: type[L.LightningModule], default_config: Path,
     output: Path | None,
-) -> tuple[dict, Path] | None:  # fmt: skip
-    """Every fold trained (or continued, or reused), then the summary's files; None with ``--fold``."""
+) -> tuple[dict, Path, list] | None:  # fmt: skip
+    """Every fold trained (or continued, or reused), then the summary's files: (summary, its folder, the folds'
+    answers); None with ``--fold``."""
     from ..machinery import cross_validation as cv
     from ..machinery import label_check
     from ..machinery.cross_validation_report import write_report
@@ -100,7 +108,7 @@ def cross_validation(
     summary = cv.spreads([cv.fold_figures(fold) for fold in folds])
     output = output or folds[0].run_dir.parent / f"cv-{folds[0].run_dir.name}"
     if not launched_as_rank_zero():  # the other ranks of a multi-GPU fit ran the folds with it; one writes
-        return summary, output
+        return summary, output, folds
     output.mkdir(parents=True, exist_ok=True)
     cv.write_summary(summary, output / "cv_summary.csv")
     cv.write_out_of_fold(folds, output / "oof_predictions.csv")
@@ -109,7 +117,36 @@ def cross_validation(
     print(cv.console_table(summary))
     print(f"Cross-validation: {output / 'cv_summary.csv'}, {output / 'cv_report.html'} and "
           f"{output / 'oof_predictions.csv'}", flush=True)  # fmt: skip
-    return summary, output
+    return summary, output, folds
+
+
+def final_model(
+    options: argparse.Namespace, fit_options: list[str], model_class: type[L.LightningModule], default_config: Path,
+    folds: list, summary: dict,
+) -> None:  # fmt: skip
+    """``--final all``: train on every image, calibrate on the folds' answers, export (machinery/final_model.py)."""
+    from ..foundation.files import sha256
+    from ..machinery import final_model as final
+    from ..machinery.export.artifacts import export_artifacts
+    from .export import parse_args as export_args
+    from .export import report
+
+    task = "multilabel" if folds[0].thresholds is not None else "multiclass"
+    epochs = final.final_epochs(folds, task)
+    print(f"Final model: every image of the {options.folds} folds, {epochs} epochs (the folds' mean best)", flush=True)
+    cli, run_dir = final.train_final(fit_options, options.folds, epochs, model_class, default_config)
+    if not launched_as_rank_zero():
+        return
+    checkpoint = final.calibrate_final(cli, run_dir, folds, summary, epochs)
+    exported_to = checkpoint.parent / "export"
+    if final.exported_from(exported_to) != sha256(checkpoint):  # else exported from this very file before
+        held_out = len(cli.datamodule.held_out_images().labels)
+        # int8 is judged against fp32 on held-out images: a model that trained on every image ships fp32 alone.
+        formats = [] if held_out else ["--formats", "onnx,pt2"]
+        exported = export_artifacts(export_args(["--ckpt_path", str(checkpoint), *formats]), model_class)
+        report(exported.card, exported.written)
+    print(f"Final model: {checkpoint} (calibrated on the folds' out-of-fold answers), exported to {exported_to}",
+          flush=True)  # fmt: skip
 
 
 def main(model_class: type[L.LightningModule], default_config: Path, argv: list[str] | None = None) -> int:
@@ -119,7 +156,9 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
     try:
         fit_options = checked(options, fit_options)
         if not options.compare:
-            cross_validation(options, fit_options, model_class, default_config, options.output)
+            done = cross_validation(options, fit_options, model_class, default_config, options.output)
+            if done is not None and options.final == "all":
+                final_model(options, fit_options, model_class, default_config, done[2], done[0])
             return 0
         from ..machinery import cross_validation as cv
 
@@ -127,8 +166,8 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
         for name, config in zip("AB", options.compare, strict=True):
             print(f"{name}: {config}", flush=True)
             output = options.output / f"cv-{name}" if options.output else None
-            summary, folder = cross_validation(options, [f"--config={config}", *fit_options], model_class,
-                                               default_config, output)  # fmt: skip
+            summary, folder, _ = cross_validation(options, [f"--config={config}", *fit_options], model_class,
+                                                  default_config, output)  # fmt: skip
             summaries.append(summary)
             outputs.append(folder)
         comparison = cv.paired(*summaries)

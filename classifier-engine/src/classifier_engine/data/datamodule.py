@@ -78,7 +78,7 @@ class ImageDataModule(L.LightningDataModule):
         mixup_alpha: float | None = 0.0,
         cutmix_alpha: float | None = 0.0,
         folds: int = 0,
-        fold: int = 0,
+        fold: int | None = 0,
         storage: Storage = "auto",
         pin_memory: bool = True,
         predict_dir: str | None = None,
@@ -112,7 +112,8 @@ class ImageDataModule(L.LightningDataModule):
                 both on, each batch gets one of the two.
             folds: Cross-validation: deal the training images into this many stratified folds (a group's images
                 into one), train on all but fold ``fold`` and validate on it (cross_validate.py runs each); 0: off.
-            fold: Which fold (counted from 0) is held out for validation when ``folds`` is set.
+            fold: Which fold (counted from 0) is held out for validation when ``folds`` is set; null: none, every
+                fold trains and nothing is validated (the final model of cross_validate.py --final all).
             storage: Where the images live: device (copied once to the accelerator; batches are gathered
                 there, no workers), memmap (memory-mapped, gathered by workers), or auto (device on a GPU
                 with room to spare, else memmap).
@@ -145,9 +146,9 @@ class ImageDataModule(L.LightningDataModule):
         check_choice("data.storage", storage, Storage)
         check_choice("data.sampler", sampler, Sampler)
         self.sampler = sampler
-        if folds and not (folds >= 2 and 0 <= fold < folds):
+        if folds and not (folds >= 2 and (fold is None or 0 <= fold < folds)):
             raise ValueError(
-                f"data.folds must be 0 (off) or at least 2, with 0 <= data.fold < folds; got {folds}, {fold}"
+                f"data.folds must be 0 (off) or at least 2, with 0 <= data.fold < folds (or null); got {folds}, {fold}"
             )
         self.folds, self.fold = folds, fold
         self.batch_size = batch_size
@@ -496,7 +497,9 @@ class ImageDataModule(L.LightningDataModule):
         return self.loader("train", self._sizes().per_device, train=True)
 
     @override
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_set is not None and len(self.val_set) == 0 and self.folds:  # data.fold null: nothing to validate
+            return []  # Lightning's way of saying so: no validation loop runs
         return self.loader("val", self._sizes().eval_per_device, train=False)
 
     @override

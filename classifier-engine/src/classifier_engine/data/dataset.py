@@ -156,19 +156,23 @@ def strata(labels: np.ndarray) -> np.ndarray:
 
 
 def cross_validation_folds(
-    split: MemmapBatches, folds: int, fold: int, seed: int, groups: np.ndarray | None = None
+    split: MemmapBatches, folds: int, fold: int | None, seed: int, groups: np.ndarray | None = None
 ) -> tuple[MemmapBatches, MemmapBatches]:
     """(the training rows but fold ``fold``, fold ``fold``) of ``folds`` folds of ``split`` (``folds.py``).
 
     Stratified by class (several labels: iteratively), seeded, and with ``groups`` (one per row of ``split``)
     never splitting a group; the folds of one seed partition the split: every image is held out exactly once.
+    ``fold`` None holds none out: every row trains (the cross-validation's final model), none validates.
     """
     from .folds import fold_of_each
 
     images, labels = split.paths
     rows = split.indices if split.indices is not None else np.arange(len(split))
-    held = fold_of_each(np.asarray(split.arrays[1])[rows], folds, seed, groups) == fold
-    if not held.any():
+    if fold is None:
+        held = np.zeros(len(rows), dtype=bool)
+    else:
+        held = fold_of_each(np.asarray(split.arrays[1])[rows], folds, seed, groups) == fold
+    if fold is not None and not held.any():
         raise DataSettingError(
             f"data.folds={folds} leaves fold {fold} without images ({len(rows)} training images, dealt by class"
             f"{' and group' if groups is not None else ''}); lower data.folds or add images"

@@ -361,7 +361,7 @@ class ImageFolderDataModule(ImageDataModule):
             self._check_validation_positives(val)
         self.serve(stage, train, val, test)
         self.predict_names = self.image_names(test)
-        if stage in ("test", "predict") and self.tests_on_validation_set:
+        if stage in ("test", "predict") and self.tests_on_validation_set and len(val):
             rank_zero_info("Data: no test split (data.test_fraction is 0): test and predict read the validation images")
 
     def _check_validation_positives(self, val: MemmapBatches) -> None:

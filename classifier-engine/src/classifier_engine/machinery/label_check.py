@@ -23,6 +23,8 @@ from ..data.interfaces import FoldedData, HeldOutImages
 from ..foundation import html_page
 from ..foundation.errors import UsageError
 from ..foundation.files import Partial
+from ..models.domain import find_head
+from ..models.network_parts import logits_and_features
 from .checkpoint_io import read_checkpoint
 from .cli import TrainerCLI
 
@@ -38,6 +40,8 @@ class FoldPredictions:
     image_root: str | None  # the folder the names are relative to (your images), if any
     calibrated: np.ndarray  # the same through the fold's calibration: what predict would answer
     thresholds: np.ndarray | None  # multi-label: the fold's per-class thresholds for giving a label
+    logits: np.ndarray | None = None  # (N, classes) the fold model's uncalibrated logits
+    knn: np.ndarray | None = None  # (N,) the "knn" score against the fold model's bank (None: it has none)
 
 
 class RunDirectory(L.Callback):
@@ -72,13 +76,14 @@ def run_fold(
     model.calibration.restore_from(checkpoint)  # the temperature and thresholds live beside the weights
     images = data.validation_images()
     root = getattr(data, "image_root", None)
-    logits = torch.from_numpy(predict(model, images.images, batch_size=256))
+    logits, features = predict(model, images.images, batch_size=256)
     calibration = model.calibration
     probabilities = (logits.sigmoid() if calibration.multilabel else logits.softmax(dim=-1)).numpy()
     calibrated = calibration.probabilities(logits).numpy()
     thresholds = calibration.thresholds.cpu().numpy() if calibration.multilabel else None
+    knn = calibration.domain_scores(logits, features, "knn") if features is not None else None
     return FoldPredictions(where.run_dir, images, probabilities, list(model.class_names), str(root) if root else None,
-                           calibrated, thresholds)  # fmt: skip
+                           calibrated, thresholds, logits.numpy(), None if knn is None else knn.numpy())  # fmt: skip
 
 
 def default_output(folds: list[FoldPredictions]) -> Path:
@@ -87,8 +92,9 @@ def default_output(folds: list[FoldPredictions]) -> Path:
     return first.parent / f"label_issues-{first.name}.csv"
 
 
-def predict(model: L.LightningModule, images: object, batch_size: int) -> np.ndarray:
-    """The logits of uint8 (N, 3, S, S) images (any indexable rows), with the model's test-time views.
+def predict(model: L.LightningModule, images: object, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The logits of uint8 (N, 3, S, S) images (any indexable rows), with the model's test-time views, and the
+    features its classifier head received in the same passes (None where no head can be found).
 
     Confident learning ranks their plain softmax (multi-label: sigmoid): a fold's temperature, fitted on
     the few images of its fold, could saturate them, and it estimates its own per-class thresholds anyway.
@@ -96,12 +102,23 @@ def predict(model: L.LightningModule, images: object, batch_size: int) -> np.nda
     """
     device = next(model.parameters()).device
     model.eval()
-    parts = []
+    logits, features = [], []
     with torch.inference_mode():
+        head = None
+        if len(images):
+            try:
+                head = find_head(model, torch.from_numpy(np.array(images[:1])).to(device))
+            except ValueError:  # a network whose head cannot be watched: no "knn" score for its answers
+                head = None
         for start in range(0, len(images), batch_size):
             batch = torch.from_numpy(np.array(images[start : start + batch_size])).to(device)
-            parts.append(model.evaluate(batch).float().cpu().numpy())
-    return np.concatenate(parts)
+            if head is None:
+                logits.append(model.evaluate(batch).float().cpu())
+                continue
+            out, seen = logits_and_features(head, lambda batch=batch: model.evaluate(batch))
+            logits.append(out.float().cpu())
+            features.append(seen.float().cpu())
+    return torch.cat(logits), torch.cat(features) if features else None
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,7 @@ class Calibration(nn.Module):
         # Not a buffer: its shape changes when it is fitted, which a weight-averaged copy's buffers cannot follow.
         self.bank = torch.zeros(0, 0, dtype=torch.float16)
         self.fitted: dict[str, Any] = {}  # what the last fit measured (the record's figures)
+        self.fitted_split = "val"  # on which images: the validation split, or a cross-validation's out-of-fold
         self.by_score: dict[str, float] = {}  # the in-domain threshold of each score, fitted alike
         self._logits: list[Tensor] = []
         self._targets: list[Tensor] = []
@@ -265,22 +266,41 @@ class Calibration(nn.Module):
             dist.all_gather_object(shares, (logits, targets, features))
             logits, targets = torch.cat([s[0] for s in shares]), torch.cat([s[1] for s in shares])
             features = None if any(s[2] is None for s in shares) else torch.cat([s[2] for s in shares])
+        if training_features is not None and len(training_features):
+            self.bank = normalized_bank(training_features)
+        knn = None
+        if features is not None and len(self.bank):
+            knn = knn_scores(features.to(self.temperature.device), self.bank.to(self.temperature.device)).cpu()
+        return self.fit_answers(logits, targets, knn, split="val")
+
+    def fit_answers(
+        self, logits: Tensor, targets: Tensor, knn: Tensor | None, split: str, bank: Tensor | None = None
+    ) -> dict[str, float]:
+        """Fit on given answers: ``logits`` (uncalibrated) and ``knn`` scores of held-out images; figures to log.
+
+        ``fit`` passes one validation's; a cross-validation's final model, which validates on nothing, the
+        pooled out-of-fold answers of its folds' models (``split``: what the record says they were), with the
+        bank of its own training features.
+        """
+        if bank is not None:
+            self.bank = bank
         device = self.temperature.device
+        logits = logits.float().to(device)
         if self.multilabel:
             targets = targets.float()
         plain = logits.softmax(-1) if not self.multilabel else logits.sigmoid()
-        temperature = fit_temperature(logits, targets, self.multilabel)
+        temperature = fit_temperature(logits.cpu(), targets, self.multilabel)
         self.temperature.copy_(temperature.to(device))
-        calibrated = self.probabilities(logits.to(device)).cpu()
+        calibrated = self.probabilities(logits).cpu()
+        self.fitted_split = split
         self.fitted = {
             "images": len(logits),
-            "ece_before": calibration_error(plain, targets, self.multilabel),
+            "ece_before": calibration_error(plain.cpu(), targets, self.multilabel),
             "ece_after": calibration_error(calibrated, targets, self.multilabel),
         }
         figures = {"ece": self.fitted["ece_after"], "ece_uncalibrated": self.fitted["ece_before"]}
-        if training_features is not None and len(training_features):
-            self.bank = normalized_bank(training_features)
-        figures |= self._fit_domain(logits.to(device), features)
+        inside, domain_figures = self._fit_domain(logits, knn)
+        figures |= domain_figures
         if self.multilabel:
             f1_best = best_f1_thresholds(calibrated, targets)
             self.thresholds.copy_(count_matched_thresholds(calibrated, targets, f1_best).to(device))
@@ -289,10 +309,10 @@ class Calibration(nn.Module):
             figures["labels_given"] = self.fitted["labels_given"]
             return figures
         correct = calibrated.argmax(-1) == targets
-        sure = self.scores(logits.to(device), "msp").cpu()
+        sure = self.scores(logits, "msp").cpu()
         keep = self.keep_correct
         self.rejection.fill_(rejection_threshold(sure, correct, keep) if keep < 1 else -math.inf)
-        answered = self.answered(logits.to(device), None if features is None else features.to(device)).cpu()
+        answered = (sure >= self.rejection.cpu()) & inside
         self.fitted |= {
             "coverage": float(answered.float().mean()),  # answered for neither reason
             "kept_correct": float((sure >= self.rejection.cpu())[correct].float().mean()) if correct.any() else 1.0,
@@ -301,11 +321,13 @@ class Calibration(nn.Module):
         figures["coverage"] = self.fitted["coverage"]
         return figures
 
-    def _fit_domain(self, logits: Tensor, features: Tensor | None) -> dict[str, float]:
-        """Every score's in-domain threshold on these validation images (so evaluation may switch scores)."""
+    def _fit_domain(self, logits: Tensor, knn: Tensor | None) -> tuple[Tensor, dict[str, float]]:
+        """Every score's in-domain threshold on these held-out images (so evaluation may switch scores); which of
+        them are in the domain by ``reject_with``, and the share."""
         self.by_score = {}
-        for score in DOMAIN_SCORES:
-            scores = self.domain_scores(logits, None if features is None else features.to(logits.device), score)
+        scores_of = {score: self.domain_scores(logits, None, score) for score in DOMAIN_SCORES if score != "knn"}
+        scores_of["knn"] = knn
+        for score, scores in scores_of.items():
             if scores is not None:
                 self.by_score[score] = keeping_threshold(scores.cpu(), self.keep_in_domain)
         self.domain_threshold.fill_(self.by_score.get(self.reject_with, -math.inf))
@@ -314,9 +336,12 @@ class Calibration(nn.Module):
                 f'Calibration: no "{self.reject_with}" score could be fitted (the model gave no features, or '
                 "the data no training images): no image is answered unknown as unlike the training ones"
             )
-        in_domain = self.in_domain(logits, None if features is None else features.to(logits.device))
-        self.fitted["in_domain"] = float(in_domain.float().mean())
-        return {"in_domain": self.fitted["in_domain"]}
+        chosen = scores_of.get(self.reject_with)
+        inside = torch.ones(len(logits), dtype=torch.bool)
+        if chosen is not None:
+            inside = chosen.cpu() >= self.domain_threshold.cpu()
+        self.fitted["in_domain"] = float(inside.float().mean())
+        return inside, {"in_domain": self.fitted["in_domain"]}
 
     # The checkpoint.
     def save_to(self, checkpoint: dict[str, Any]) -> None:
@@ -334,7 +359,7 @@ class Calibration(nn.Module):
         record: dict[str, Any] = {
             "task": "multilabel" if self.multilabel else "multiclass",
             "temperature": self.temperature.cpu().tolist(),
-            "fitted_on": {"split": "val", **self.fitted} if self.fitted else None,
+            "fitted_on": {"split": self.fitted_split, **self.fitted} if self.fitted else None,
         }
         if self.by_score:
             record["domain"] = {
@@ -365,7 +390,9 @@ class Calibration(nn.Module):
         self.temperature.copy_(torch.tensor(record["temperature"], dtype=torch.float32))
         if self.multilabel and record.get("thresholds") is not None:
             self.thresholds.copy_(torch.tensor(record["thresholds"], dtype=torch.float32))
-        self.fitted = {key: value for key, value in (record.get("fitted_on") or {}).items() if key != "split"}
+        fitted_on = record.get("fitted_on") or {}
+        self.fitted = {key: value for key, value in fitted_on.items() if key != "split"}
+        self.fitted_split = fitted_on.get("split", "val")
         domain = record.get("domain") or {}
         self.by_score = {score: float(value) for score, value in (domain.get("thresholds") or {}).items()}
         kept = domain.get("keep_in_domain")
@@ -376,6 +403,7 @@ class Calibration(nn.Module):
             self.domain_threshold.fill_(self.by_score[self.reject_with])
         elif self.reject_with != "none":
             self.domain_threshold.fill_(-math.inf)
+        if self.reject_with not in self.by_score and self.reject_with != "none" and fitted_on:  # else: never fitted
             rank_zero_info(f'Calibration: the checkpoint has no "{self.reject_with}" threshold for images unlike the '
                            "training ones (a run of a release before 1.4, or a model without features): fit again "
                            "to fit one")  # fmt: skip

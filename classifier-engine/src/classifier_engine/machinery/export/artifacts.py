@@ -131,11 +131,20 @@ def find_data(options: ExportOptions, model: ClassifierModel, checkpoint: dict) 
         return None, "--eval_limit 0"
     purpose = "int8 calibration" if "int8" in options.formats else "evaluation on the test split"
     try:
-        return load_run_data(options.ckpt_path, checkpoint, model.class_names, options.data_dir, purpose), None
+        data = load_run_data(options.ckpt_path, checkpoint, model.class_names, options.data_dir, purpose)
     except MissingDataError as error:
         if "int8" in options.formats or options.data_dir is not None:
             raise
         return None, f"no data: {error}"
+    if len(data.held_out.labels):
+        return data, None
+    # A run that held no image out (a cross-validation's final model): nothing to judge it, or int8 against fp32, on.
+    if "int8" in options.formats:
+        raise MissingDataError(
+            "the run trained on every image and holds none out to measure what int8 loses against fp32; export "
+            "--formats onnx,pt2, or hold out a test split (data.test_fraction) when you train"
+        )
+    return None, "the run held out no images (it trained on every one); the card's cross-validated figures stand for it"
 
 
 # By default, an fp32 file may differ from PyTorch by 1e-4 of the largest logit, or by ten times the network's own

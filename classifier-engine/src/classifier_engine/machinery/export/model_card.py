@@ -16,6 +16,7 @@ from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, SCORE_NAME
 from .evaluation import describe_parity
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
+CROSS_VALIDATION_KEY = "cross_validation"  # a checkpoint's cross-validated figures (a final model's: final_model.py)
 # An absolute path in a string: POSIX (/a/b...) or Windows (C:\\a\\b...), at least one folder deep.
 ABSOLUTE_PATH = re.compile(
     r"(?<![\w.:/])/(?:[^\s/'\"(),;|]+/)+[^\s/'\"(),;|]*|\b[A-Za-z]:\\(?:[^\s\\'\"]+\\)*[^\s\\'\"]*"
@@ -122,6 +123,7 @@ def build_card(
                 "weights": shipped_weights(checkpoint),
             },
             "evaluation": {**evaluation, "test_time_augmentation_of_the_run": run_tta},
+            "cross_validation": checkpoint.get(CROSS_VALIDATION_KEY),  # a final model's folds' figures
             "eager": eager,
             "artifacts": artifacts,
             "int8": int8,
@@ -280,10 +282,12 @@ def int8_lines(int8: dict | None) -> list[str]:
 def calibration_lines(calibration: dict | None) -> list[str]:
     if not calibration:
         return ["- Calibration: none recorded (a checkpoint of a release before 1.2); the output is raw logits"]
-    lines = [f"- Probabilities: {calibration['how']}; temperature scaling fitted on the validation split"]
     fitted = calibration.get("fitted_on") or {}
+    # A cross-validation's final model is calibrated on its folds' answers to the images each held out.
+    on = "validation" if fitted.get("split", "val") == "val" else "the folds' out-of-fold answers"
+    lines = [f"- Probabilities: {calibration['how']}; temperature scaling fitted on {on}"]
     if "ece_before" in fitted:
-        lines.append(f"- Calibration error (ECE) on validation: {fitted['ece_before']:.4f} before, "
+        lines.append(f"- Calibration error (ECE) on {on}: {fitted['ece_before']:.4f} before, "
                      f"{fitted['ece_after']:.4f} after")  # fmt: skip
     if calibration.get("thresholds") is not None:
         lines.append("- Thresholds (sigmoid(output) >= t gives the label): "
@@ -292,17 +296,42 @@ def calibration_lines(calibration: dict | None) -> list[str]:
     if "unlike_training" in unknown:
         rule = unknown["unlike_training"]
         lines.append(f"- Unknown, unlike the training images: {rule['rule']}; score = {rule['how']} (keeps "
-                     f"{percent(rule['keep_in_domain'])} of all validation images)")  # fmt: skip
+                     f"{percent(rule['keep_in_domain'])} of all images, on {on})")  # fmt: skip
     if "likely_mistake" in unknown:
         rule = unknown["likely_mistake"]
         lines.append(f"- Unknown, a likely mistake: {rule['rule']} (keeps {percent(rule['keep_correct'])} of the "
-                     "correct validation answers)")  # fmt: skip
+                     f"correct answers, on {on})")  # fmt: skip
     if unknown.get("coverage_on_validation") is not None:
-        lines.append(f"- On validation the model answers {percent(unknown['coverage_on_validation'])} of the images")
+        lines.append(f"- On {on} the model answers {percent(unknown['coverage_on_validation'])} of the images")
     counts = calibration.get("labels_per_image_on_validation")
     if counts:
-        lines.append(f"- Labels per image on validation: {counts['given']:.1f} given, {counts['true']:.1f} true")
+        lines.append(f"- Labels per image on {on}: {counts['given']:.1f} given, {counts['true']:.1f} true")
     return lines
+
+
+# The figures a cross-validation's final model cites, in the order read (the rest are in its cv_summary.csv).
+CITED = {"top1": "top-1", "mAP": "mAP", "macro_f1": "macro-F1", "balanced_accuracy": "balanced accuracy",
+         "micro_f1": "micro-F1", "ece": "ECE"}  # fmt: skip
+
+
+def cross_validation_lines(record: dict | None) -> list[str]:
+    """A final model's line: what its recipe scored on images it had not seen, fold by fold, with the interval."""
+    if not record:
+        return []
+    figures = record["figures"]
+    cited = []
+    for name, words in CITED.items():
+        figure = figures.get(name)
+        if figure and figure["mean"] is not None:
+            share = name != "ece"  # ECE is not a share to show in %
+            shown = (lambda v: f"{100 * v:.1f} %") if share else (lambda v: f"{v:.3f}")
+            low, high = figure["low"], figure["high"]
+            if low is not None:  # a share's interval ends where shares do (the t interval of few folds may not)
+                low, high = max(low, 0.0), min(high, 1.0) if share else high
+            interval = "" if low is None else f" (95 % interval {shown(low)} to {shown(high)})"
+            cited.append(f"{words} {shown(figure['mean'])}{interval}")
+    return [f"- Cross-validated ({record['folds']} folds; this model: every image, {record['epochs']} epochs): "
+            + "; ".join(cited)]  # fmt: skip
 
 
 def markdown(card: dict) -> str:
@@ -329,6 +358,7 @@ def markdown(card: dict) -> str:
             f"config hash {source['config_hash']}{checkpoint_digest(source)})",
             f"- Weights: {source.get('weights', 'the training weights at that step')}",
             *calibration_lines(card.get("calibration")),
+            *cross_validation_lines(card.get("cross_validation")),
             evaluation_line(card["evaluation"]),
             *int8_lines(card["int8"]),
             *parities,
