@@ -46,9 +46,9 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
             ) from None
         if options.folds < 2:
             raise UsageError(f"--folds must be at least 2, got {options.folds}")
-        if any(option.startswith(("--data.folds", "--data.fold=", "--data.fold ")) for option in fit_options):
-            raise UsageError("check_labels.py sets data.folds and data.fold itself; leave them out")
         from ..machinery import label_check
+
+        label_check.refuse_fold_settings("check_labels.py", fit_options, "leave them out")
 
         folds = []
         for fold in range(options.folds):

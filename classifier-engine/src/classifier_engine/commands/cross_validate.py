@@ -48,6 +48,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add("--final", choices=("all", "none"), default="all",
         help="all: then train a final model on every image for the folds' mean best epoch count, calibrated on "
              "their out-of-fold answers, and export it; none: the folds' figures only")  # fmt: skip
+    add(
+        "--ckpt_path",
+        choices=("last",),
+        default="last",
+        help="each fold (and the final model) continues its own run where it stopped: last is the one choice",
+    )
     add("--compare", nargs=2, type=Path, metavar=("A", "B"),
         help="two configs trained on the same folds: is B better than A? (paired per-fold differences)")  # fmt: skip
     return parser.parse_known_args(argv)
@@ -66,24 +72,10 @@ def checked(options: argparse.Namespace, fit_options: list[str]) -> list[str]:
         raise UsageError(
             f"--fold must be between 0 and {options.folds - 1} (--folds {options.folds}), got {options.fold}"
         )
-    if any(option.startswith(("--data.folds", "--data.fold=", "--data.fold ")) or option == "--data.fold"
-           for option in fit_options):  # fmt: skip
-        raise UsageError("cross_validate.py sets data.folds and data.fold itself; use --folds and --fold")
-    kept, skip = [], False
-    for position, option in enumerate(fit_options):
-        if skip:
-            skip = False
-            continue
-        if option.startswith("--ckpt_path"):  # every fold continues its own run already
-            value = option.partition("=")[2] if "=" in option else next(iter(fit_options[position + 1 :]), "")
-            skip = "=" not in option
-            if value != "last":
-                raise UsageError(
-                    f"--ckpt_path {value}: each fold continues its own run (last); leave --ckpt_path out or give last"
-                )
-            continue
-        kept.append(option)
-    return kept
+    from ..machinery.label_check import refuse_fold_settings
+
+    refuse_fold_settings("cross_validate.py", fit_options, "use --folds and --fold")
+    return fit_options
 
 
 def cross_validation(

@@ -48,13 +48,12 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
             import plotly  # noqa: F401
         except ImportError as error:
             raise UsageError(f"sweeps need {error.name}, which is not installed; pip install -e '.[{EXTRA}]'") from None
+        from ..machinery.label_check import refuse_fold_settings
         from ..machinery.sweeps import report, space, study, trial, validate
 
         if options.folds == 1 or options.folds < 0:
             raise UsageError(f"--folds must be 0 (one validation split) or at least 2, got {options.folds}")
-        if any(option.startswith(("--data.folds", "--data.fold=", "--data.fold ")) or option == "--data.fold"
-               for option in fit_options):  # fmt: skip
-            raise UsageError("sweep.py sets data.folds and data.fold itself with --folds; leave them out")
+        refuse_fold_settings("sweep.py", fit_options, "give --folds and leave them out")
         spec = space.SweepSpec.read(options.sweep)
         name = options.study or options.sweep.stem
         n_trials = options.n_trials or spec.n_trials

@@ -158,14 +158,14 @@ def write_out_of_fold(folds: list[FoldPredictions], output: Path) -> None:
                                  int(answer == given), *(f"{p:.4f}" for p in fold.calibrated[index])])  # fmt: skip
 
 
-def wrong_answers(folds: list[FoldPredictions], limit: int) -> list[tuple[FoldPredictions, int, str, float]]:
-    """The out-of-fold answers that are wrong, surest first: (fold, position, answer, its probability)."""
+def wrong_answers(folds: list[FoldPredictions], limit: int) -> list[tuple[int, int, str, float]]:
+    """The out-of-fold answers that are wrong, surest first: (fold number, position, answer, its probability)."""
     wrong = []
-    for fold in folds:
+    for number, fold in enumerate(folds):
         for index in range(len(fold.images.names)):
             answer, probability = answered_labels(fold, index)
             if answer != given_labels(fold, index):
-                wrong.append((fold, index, answer, probability))
+                wrong.append((number, index, answer, probability))
     return sorted(wrong, key=lambda item: -item[3])[:limit]
 
 

@@ -83,12 +83,13 @@ def wrong_section(folds: list[FoldPredictions], limit: int) -> str:
     if not wrong:
         return html_page.paragraph("Every out-of-fold answer is right.")
     figures = []
-    for fold, index, answer, probability in wrong:
+    for number, index, answer, probability in wrong:
+        fold = folds[number]
         pixels = np.asarray(fold.images.images[np.array([index])])[0].transpose(1, 2, 0)
         name = fold.images.names[index]
         figures.append(html_page.figure([html_page.image(pixels, name)], [
             f"given: {given_labels(fold, index) or '(none)'}", f"answered: {answer or '(none)'} ({probability:.2f})",
-            f"fold {folds.index(fold)}", shown_path(name, fold.image_root),
+            f"fold {number}", shown_path(name, fold.image_root),
         ]))  # fmt: skip
     return f'<div class="gallery">{"".join(figures)}</div>'
 

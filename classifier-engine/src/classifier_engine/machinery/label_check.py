@@ -55,6 +55,13 @@ class RunDirectory(L.Callback):
         self.run_dir = Path(trainer.default_root_dir)
 
 
+def refuse_fold_settings(command: str, fit_options: list[str], instead: str) -> None:
+    """Refuse ``data.folds``/``data.fold`` among a fold command's fit options: the command sets them per fold."""
+    names = {option.split("=", 1)[0].split(" ", 1)[0] for option in fit_options}
+    if names & {"--data.folds", "--data.fold"}:
+        raise UsageError(f"{command} sets data.folds and data.fold itself; {instead}")
+
+
 def run_fold(
     fit_options: list[str], folds: int, fold: int, model_class: type[L.LightningModule], default_config: Path
 ) -> FoldPredictions:
