@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import onnxruntime
 import pytest
 import torch
+from photo_classifier.models import ImageClassifier as PhotoClassifier
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from .conftest import PHOTO_ROOT, cli_env, images_args, write_image_folder
@@ -82,6 +84,11 @@ def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(
     lines = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
     assert refused.returncode == 2 and len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
     assert "own val split" in lines[0] and "data.pool_val" in lines[0]
+    for extra, says in ((["--data.fold=1"], "sets data.folds and data.fold itself; use --folds and --fold"),
+                        (["--ckpt_path", "best"], "argument --ckpt_path: invalid choice: 'best'")):  # fmt: skip
+        refused = command("cross_validate.py", tmp_path, photos, "--data.pool_val=true", *extra)
+        lines = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+        assert refused.returncode == 2 and len(lines) == 1 and says in lines[0], refused.stderr[-2000:]
     assert not (tmp_path / "runs").exists()  # refused before anything was made
 
     # The folds side by side, as a SLURM array's tasks (--fold K each), then the summary job: it trains none again.
@@ -175,6 +182,26 @@ def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(
     assert checked.returncode == 0, checked.stderr[-3000:]
     assert digests(tmp_path) == before and len(before) == FOLDS + 1
     assert (tmp_path / "issues.csv").is_file()
+
+    # --final ensemble: the fold models as one graph beside the summary, no fold trained again. Its softmax is the
+    # mean of each fold model's calibrated probabilities, as the project's model class computes them; its score beside.
+    ensembled = command("cross_validate.py", tmp_path, photos, "--data.pool_val=true", "--final=ensemble")
+    assert ensembled.returncode == 0, ensembled.stderr[-3000:]
+    assert digests(tmp_path) == before and "Fold ensemble: " in ensembled.stdout
+    folder = cv_dir / "ensemble"
+    assert {path.name for path in folder.iterdir()} == {"model.onnx", "model.pt2", "model.card.json", "model.card.md"}
+    images = torch.randint(0, 256, (5, 3, 32, 32), dtype=torch.uint8)
+    expected = []
+    for run in by_fold.values():
+        model = PhotoClassifier.load_from_checkpoint(run / "checkpoints" / "last.ckpt", map_location="cpu").eval()
+        model.calibration.restore_from(torch.load(run / "checkpoints" / "last.ckpt", weights_only=True))
+        with torch.no_grad():
+            expected.append(model.network()(images))
+    logits, score = onnxruntime.InferenceSession(str(folder / "model.onnx")).run(None, {"images": images.numpy()})
+    mean = torch.stack([answer.softmax(-1) for answer in expected]).mean(0)
+    assert torch.allclose(torch.from_numpy(logits).softmax(-1), mean, atol=1e-5) and score.shape == (5,)
+    card = (folder / "model.card.md").read_text()
+    assert f"From: the mean of {FOLDS} fold models" in card and "answer 'unknown' where output 'score' < 0" in card
 
 
 @pytest.mark.slow

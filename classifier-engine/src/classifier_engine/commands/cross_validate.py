@@ -45,9 +45,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add("--fold", type=int, help="train this fold alone (counted from 0) and write no summary: folds side by side")
     add("--output", type=Path, help="the folder of the summary, the report and the answers (default: beside the runs)")
     add("--gallery", type=int, default=48, help="how many wrong answers the report shows")
-    add("--final", choices=("all", "none"), default="all",
+    add("--final", choices=("all", "ensemble", "none"), default="all",
         help="all: then train a final model on every image for the folds' mean best epoch count, calibrated on "
-             "their out-of-fold answers, and export it; none: the folds' figures only")  # fmt: skip
+             "their out-of-fold answers, and export it; ensemble: export the fold models as one graph (their mean "
+             "calibrated probabilities; k passes per image); none: the folds' figures only")  # fmt: skip
     add(
         "--ckpt_path",
         choices=("last",),
@@ -131,7 +132,8 @@ def final_model(
         return
     checkpoint = final.calibrate_final(cli, run_dir, folds, summary, epochs)
     exported_to = checkpoint.parent / "export"
-    if final.exported_from(exported_to) != sha256(checkpoint):  # else exported from this very file before
+    made_from = (final.exported_source(exported_to) or {}).get("checkpoint_sha256")
+    if made_from != sha256(checkpoint):  # else exported from this very file before
         held_out = len(cli.datamodule.held_out_images().labels)
         # int8 is judged against fp32 on held-out images: a model that trained on every image ships fp32 alone.
         formats = [] if held_out else ["--formats", "onnx,pt2"]
@@ -139,6 +141,35 @@ def final_model(
         report(exported.card, exported.written)
     print(f"Final model: {checkpoint} (calibrated on the folds' out-of-fold answers), exported to {exported_to}",
           flush=True)  # fmt: skip
+
+
+def ensemble_model(model_class: type[L.LightningModule], folds: list, summary: dict, output: Path) -> None:
+    """``--final ensemble``: the fold models as one exported graph (machinery/fold_ensemble.py), in ``output``."""
+    from ..machinery import fold_ensemble as ensembles
+    from ..machinery.export.artifacts import check_options, export_model
+    from ..machinery.export.model_loading import load_model
+    from ..machinery.export.run_data import load_run_data
+    from ..machinery.final_model import exported_source, figures_record
+    from .export import parse_args as export_args
+    from .export import report
+
+    checkpoints = [fold.run_dir / "checkpoints" / "last.ckpt" for fold in folds]
+    sources = ensembles.member_sources(checkpoints)
+    if (exported_source(output) or {}).get("ensemble_of") != sources:  # else exported from these very folds before
+        loaded = [load_model(path, model_class) for path in checkpoints]
+        ensemble = ensembles.FoldEnsemble([model for model, _ in loaded])
+        checkpoint = ensembles.ensemble_checkpoint(loaded[0][1], ensemble, figures_record(summary, len(folds), None),
+                                                   sources)  # fmt: skip
+        data = load_run_data(checkpoints[0], loaded[0][1], ensemble.class_names, None, "evaluation on the test split")
+        judged = data.held_out.split == "test"  # else the held-out images are fold 0's, which the others trained on
+        formats = [] if judged else ["--formats", "onnx,pt2"]  # int8 is judged against fp32 on held-out images
+        options = export_args(["--ckpt_path", str(checkpoints[0]), "--output_dir", str(output), *formats])
+        check_options(options)
+        skipped = None if judged else (f"no test split: each image trained {len(folds) - 1} of the {len(folds)} fold "
+                                       "models; the card's cross-validated figures stand for it")  # fmt: skip
+        exported = export_model(options, ensemble, checkpoint, data if judged else None, skipped)
+        report(exported.card, exported.written)
+    print(f"Fold ensemble: {output} (the mean of the {len(folds)} fold models' calibrated probabilities)", flush=True)
 
 
 def main(model_class: type[L.LightningModule], default_config: Path, argv: list[str] | None = None) -> int:
@@ -151,6 +182,8 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
             done = cross_validation(options, fit_options, model_class, default_config, options.output)
             if done is not None and options.final == "all":
                 final_model(options, fit_options, model_class, default_config, done[2], done[0])
+            if done is not None and options.final == "ensemble" and launched_as_rank_zero():
+                ensemble_model(model_class, done[2], done[0], done[1] / "ensemble")
             return 0
         from ..machinery import cross_validation as cv
 

@@ -93,8 +93,9 @@ def pooled_answers(folds: list[FoldPredictions]) -> tuple[torch.Tensor, torch.Te
     return logits, labels, knn
 
 
-def figures_record(summary: dict[str, Spread], folds: int, epochs: int) -> dict[str, Any]:
-    """The cross-validated figures as plain numbers, for the checkpoint and the card."""
+def figures_record(summary: dict[str, Spread], folds: int, epochs: int | None) -> dict[str, Any]:
+    """The cross-validated figures as plain numbers, for the checkpoint and the card (``epochs``: the final model's;
+    None for the fold models' ensemble)."""
 
     def plain(value: float) -> float | None:
         return None if math.isnan(value) else value
@@ -133,10 +134,9 @@ def calibrate_final(
     return target
 
 
-def exported_from(folder: Path) -> str | None:
-    """The SHA-256 of the checkpoint the export in ``folder`` was made from (None: no whole export there)."""
-    card = folder / CARD_JSON
+def exported_source(folder: Path) -> dict | None:
+    """The ``source`` of the model card in ``folder``: what its export was made from (None: no whole export there)."""
     try:
-        return json.loads(card.read_text())["source"]["checkpoint_sha256"]
+        return json.loads((folder / CARD_JSON).read_text())["source"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

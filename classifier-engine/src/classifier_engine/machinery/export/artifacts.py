@@ -286,7 +286,13 @@ def export_artifacts(options: ExportOptions, model_class: type) -> Exported:
     """Export the project's ``model_class`` from the checkpoint (nothing is written if anything fails)."""
     check_options(options)
     model, checkpoint = load_model(options.ckpt_path, model_class, options.trust)
-    data, skipped = find_data(options, model, checkpoint)
+    return export_model(options, model, checkpoint, *find_data(options, model, checkpoint))
+
+
+def export_model(
+    options: ExportOptions, model: ClassifierModel, checkpoint: dict, data: RunData | None, skipped: str | None
+) -> Exported:
+    """Export a loaded model (``checkpoint``: what its card reads; ``data``: the run's, or why it is not judged)."""
     with StagedFiles(options.folder()) as staged, tempfile.TemporaryDirectory(prefix="export-") as work:
         built, calibration = build(options, model, data, staged, Path(work))
         eager = evaluate(options, model, data, built) if data is not None else None

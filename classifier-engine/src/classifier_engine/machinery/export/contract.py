@@ -39,6 +39,9 @@ def inference_module(model: Any) -> torch.nn.Module:
     named ``score``, the "unknown" score of ``model.reject_with`` where the calibration has fitted one."""
     from ...models.domain import ScoredNetwork, find_head
 
+    own = getattr(model, "inference_module", None)
+    if callable(own):  # a model that combines others' scores (a fold ensemble) says what it computes
+        return own()
     network, calibration = model.network(), model.calibration
     fitted = calibration.reject_with in calibration.by_score
     if not fitted or (calibration.reject_with == "knn" and not len(calibration.bank)):
@@ -50,4 +53,6 @@ def inference_module(model: Any) -> torch.nn.Module:
 def output_names(module: torch.nn.Module) -> list[str]:
     from ...models.domain import ScoredNetwork
 
+    if getattr(module, "output_names", None):
+        return list(module.output_names)
     return [OUTPUT_NAME, SCORE_NAME] if isinstance(module, ScoredNetwork) else [OUTPUT_NAME]

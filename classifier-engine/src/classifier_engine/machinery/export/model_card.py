@@ -17,6 +17,7 @@ from .evaluation import describe_parity
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
 CROSS_VALIDATION_KEY = "cross_validation"  # a checkpoint's cross-validated figures (a final model's: final_model.py)
+ENSEMBLE_KEY = "ensemble_of"  # a fold ensemble's members: each checkpoint and its SHA-256 (fold_ensemble.py)
 # An absolute path in a string: POSIX (/a/b...) or Windows (C:\\a\\b...), at least one folder deep.
 ABSOLUTE_PATH = re.compile(
     r"(?<![\w.:/])/(?:[^\s/'\"(),;|]+/)+[^\s/'\"(),;|]*|\b[A-Za-z]:\\(?:[^\s\\'\"]+\\)*[^\s\\'\"]*"
@@ -47,6 +48,16 @@ def run_relative(ckpt_path: Path) -> str:
 def checkpoint_digest(source: dict) -> str:
     """The checkpoint's SHA-256 for the card's text (cards of 1.2 and before have none)."""
     return f", SHA-256 {source['checkpoint_sha256']}" if source.get("checkpoint_sha256") else ""
+
+
+def source_line(source: dict) -> str:
+    """Where the card's model came from: one checkpoint of its run, or the fold models of an ensemble."""
+    members = source.get("ensemble_of")
+    if members:
+        listed = "; ".join(f"{member['checkpoint']} (SHA-256 {member['sha256']})" for member in members)
+        return f"- From: the mean of {len(members)} fold models, one forward pass each: {listed}"
+    return (f"- From: {source['checkpoint']} of its run (epoch {source['epoch']}, step {source['global_step']}, "
+            f"config hash {source['config_hash']}{checkpoint_digest(source)})")  # fmt: skip
 
 
 def shipped_weights(checkpoint: dict) -> str:
@@ -121,6 +132,7 @@ def build_card(
                 "global_step": checkpoint.get("global_step"),
                 "config_hash": checkpoint.get("config_hash"),
                 "weights": shipped_weights(checkpoint),
+                "ensemble_of": checkpoint.get(ENSEMBLE_KEY),
             },
             "evaluation": {**evaluation, "test_time_augmentation_of_the_run": run_tta},
             "cross_validation": checkpoint.get(CROSS_VALIDATION_KEY),  # a final model's folds' figures
@@ -137,6 +149,8 @@ def calibration_record(checkpoint: dict) -> dict | None:
     if not record:
         return None
     card = {"task": record["task"], "temperature": record["temperature"], "fitted_on": record.get("fitted_on")}
+    if record.get("members_temperature"):  # a fold ensemble: each member's own
+        card["members_temperature"] = record["members_temperature"]
     if record.get("thresholds") is not None:
         card["thresholds"] = record["thresholds"]
         card["how"] = (
@@ -178,6 +192,7 @@ SCORE_MEANINGS = {
     "energy": "the negative energy of the logits: T x logsumexp(logits) (one label; Liu et al., NeurIPS 2020), "
     "sum(log(1 + exp(logits))) (several; Wang et al., NeurIPS 2021)",
     "msp": "the top probability: max(softmax(logits)) (several labels: max(sigmoid(logits)))",
+    "fold_margin": "the mean over the {k} fold models of each one's own score minus its own threshold",
 }
 
 
@@ -200,6 +215,11 @@ def output_meaning(task: str, calibration: dict | None) -> str:
         if task == "multilabel"
         else ("softmax gives calibrated class probabilities")
     )
+    members = calibration.get("members_temperature")
+    if members:  # a fold ensemble
+        each = ", ".join(f"{t[0]:.4g}" if len(t) == 1 else "one per class" for t in members)
+        return (f"calibrated logits of the mean of {len(members)} fold models' probabilities, each model's logits "
+                f"divided by its own fitted temperature ({each}); {then}")  # fmt: skip
     return f"calibrated logits: the network's logits divided by the fitted {shown} (calibration.temperature); {then}"
 
 
@@ -295,8 +315,10 @@ def calibration_lines(calibration: dict | None) -> list[str]:
     unknown = calibration.get("unknown") or {}
     if "unlike_training" in unknown:
         rule = unknown["unlike_training"]
-        lines.append(f"- Unknown, unlike the training images: {rule['rule']}; score = {rule['how']} (keeps "
-                     f"{percent(rule['keep_in_domain'])} of all images, on {on})")  # fmt: skip
+        kept = f" (keeps {percent(rule['keep_in_domain'])} of all images, on {on})"
+        if rule["score"] == "fold_margin":  # each fold model's threshold keeps that share of its own fold
+            kept = f" (each keeps {percent(rule['keep_in_domain'])} of its fold's images)"
+        lines.append(f"- Unknown, unlike the training images: {rule['rule']}; score = {rule['how']}{kept}")
     if "likely_mistake" in unknown:
         rule = unknown["likely_mistake"]
         lines.append(f"- Unknown, a likely mistake: {rule['rule']} (keeps {percent(rule['keep_correct'])} of the "
@@ -330,8 +352,9 @@ def cross_validation_lines(record: dict | None) -> list[str]:
                 low, high = max(low, 0.0), min(high, 1.0) if share else high
             interval = "" if low is None else f" (95 % interval {shown(low)} to {shown(high)})"
             cited.append(f"{words} {shown(figure['mean'])}{interval}")
-    return [f"- Cross-validated ({record['folds']} folds; this model: every image, {record['epochs']} epochs): "
-            + "; ".join(cited)]  # fmt: skip
+    this = (f"the mean of the {record['folds']} fold models" if record.get("epochs") is None
+            else f"every image, {record['epochs']} epochs")  # fmt: skip
+    return [f"- Cross-validated ({record['folds']} folds; this model: {this}): " + "; ".join(cited)]
 
 
 def markdown(card: dict) -> str:
@@ -354,8 +377,7 @@ def markdown(card: dict) -> str:
             f"- Classes ({len(card['class_names'])}): {names}",
             f"- Parameters: {cost['params']:,}; MACs per image: {cost['macs_per_image']:,}; "
             f"FLOPs per image: {cost['flops_per_image']:,}",
-            f"- From: {source['checkpoint']} of its run (epoch {source['epoch']}, step {source['global_step']}, "
-            f"config hash {source['config_hash']}{checkpoint_digest(source)})",
+            source_line(source),
             f"- Weights: {source.get('weights', 'the training weights at that step')}",
             *calibration_lines(card.get("calibration")),
             *cross_validation_lines(card.get("cross_validation")),
