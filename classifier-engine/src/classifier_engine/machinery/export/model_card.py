@@ -217,7 +217,7 @@ def output_meaning(task: str, calibration: dict | None) -> str:
     )
     members = calibration.get("members_temperature")
     if members:  # a fold ensemble
-        each = ", ".join(f"{t[0]:.4g}" if len(t) == 1 else "one per class" for t in members)
+        each = "one per class each" if any(len(t) > 1 for t in members) else ", ".join(f"{t[0]:.4g}" for t in members)
         return (f"calibrated logits of the mean of {len(members)} fold models' probabilities, each model's logits "
                 f"divided by its own fitted temperature ({each}); {then}")  # fmt: skip
     return f"calibrated logits: the network's logits divided by the fitted {shown} (calibration.temperature); {then}"
