@@ -1,6 +1,6 @@
 """Find the training images whose labels look wrong: k-fold out-of-sample probabilities, ranked by cleanlab.
 
-python check_labels.py --data.image_dir photos/ [--folds 5] [any main.py fit option]
+python check_labels.py{% if cookiecutter.dataset == "images" %} --data.image_dir photos/{% endif %} [--folds 5] [any main.py fit option]
 
 ``python check_labels.py --help`` lists every option; ``pip install -e ".[labels]"`` installs what it needs.
 """
