@@ -309,6 +309,7 @@ def rare_recall(root: Path, *extra: str) -> float:
         return next(float(row["recall"]) for row in csv.DictReader(handle) if row["class"] == "rare")
 
 
+@pytest.mark.slow  # about a minute
 def test_class_weights_and_the_balanced_sampler_each_lift_the_rare_class(tmp_path):
     recalls = {}
     for name, extra in {"plain": [], "weights": ["--model.class_weights=balanced"],

@@ -154,6 +154,7 @@ class TaggedPhotos(ImageFolderDataModule):
 '''
 
 
+@pytest.mark.slow  # about a minute
 def test_a_folder_datamodule_subclass_exports_from_its_packed_copy_without_data_dir(tmp_path):
     (tmp_path / "my_photos.py").write_text(FOLDER_SUBCLASS)
     photos = write_image_folder(tmp_path / "photos", per_class=16)
