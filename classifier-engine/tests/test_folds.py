@@ -30,7 +30,7 @@ def test_one_label_folds_deal_each_class_round_robin_as_check_labels_always_did(
 
 def test_several_labels_are_spread_over_every_fold_by_iterative_stratification():
     """Each label's images per fold stay nearer their share than dealing each image by its rarest label does."""
-    from classifier_engine.data.dataset import strata
+    from classifier_engine.data.folds import strata
 
     rng = np.random.default_rng(1)
     present = (rng.random((300, 12)) < np.linspace(0.03, 0.5, 12)).astype(np.int64)

@@ -32,10 +32,10 @@ from .dataset import (
     TensorBatches,
     cross_validation_folds,
     keep_batch,
-    strata,
 )
 from .errors import DataError, DataSettingError
 from .folder_size import MIXUP_FROM_IMAGES, batch_for, counted, cutmix_for, mixup_for
+from .folds import strata
 from .image_files import Interpolation, Resize, centre_crop, load_image_folder
 from .interfaces import HeldOutImages
 from .loader import BalancedEpochSampler, FirstBatchStartLoader, TrainerEpochSampler

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .errors import DataSettingError
+from .folds import fold_of_each
 from .image_files import centre_crop
 
 
@@ -141,20 +142,6 @@ def keep_batch(batch: tuple[Tensor, ...] | Positions) -> tuple[Tensor, ...] | Po
     return batch
 
 
-def strata(labels: np.ndarray) -> np.ndarray:
-    """What a split is stratified by: the class, or for multi-label rows (N, classes) the rarest class present.
-
-    Every image of a rare class then lands in that class's stratum, so a held-out split gets some of each
-    class that has at least two images (rows with no class form a stratum of their own).
-    """
-    if labels.ndim == 1:
-        return labels
-    present = labels.astype(bool)
-    frequency = present.sum(axis=0)
-    rarity = np.where(present, frequency[None, :], np.iinfo(np.int64).max)
-    return np.where(present.any(axis=1), rarity.argmin(axis=1), labels.shape[1])
-
-
 def cross_validation_folds(
     split: MemmapBatches, folds: int, fold: int | None, seed: int, groups: np.ndarray | None = None
 ) -> tuple[MemmapBatches, MemmapBatches]:
@@ -164,8 +151,6 @@ def cross_validation_folds(
     never splitting a group; the folds of one seed partition the split: every image is held out exactly once.
     ``fold`` None holds none out: every row trains (the cross-validation's final model), none validates.
     """
-    from .folds import fold_of_each
-
     images, labels = split.paths
     rows = split.indices if split.indices is not None else np.arange(len(split))
     if fold is None:

@@ -28,9 +28,9 @@ from typing_extensions import override
 from ..foundation.errors import check_choice
 from ..foundation.files import writable
 from .datamodule import ImageDataModule
-from .dataset import MemmapBatches, strata
+from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
-from .folds import group_of_key
+from .folds import group_of_key, strata
 from .image_files import Interpolation, Resize
 from .image_sources import LabelledImages, find_images
 from .packing import (

@@ -21,6 +21,20 @@ import numpy as np
 from .errors import DataSettingError
 
 
+def strata(labels: np.ndarray) -> np.ndarray:
+    """What a split is stratified by: the class, or for multi-label rows (N, classes) the rarest class present.
+
+    Every image of a rare class then lands in that class's stratum, so a held-out split gets some of each
+    class that has at least two images (rows with no class form a stratum of their own).
+    """
+    if labels.ndim == 1:
+        return labels
+    present = labels.astype(bool)
+    frequency = present.sum(axis=0)
+    rarity = np.where(present, frequency[None, :], np.iinfo(np.int64).max)
+    return np.where(present.any(axis=1), rarity.argmin(axis=1), labels.shape[1])
+
+
 def fold_of_each(labels: np.ndarray, folds: int, seed: int, groups: np.ndarray | None = None) -> np.ndarray:
     """The fold (0 .. folds - 1) each image is held out in; ``labels`` (N,) classes or (N, classes) 0/1."""
     if groups is not None and len(np.unique(groups)) < len(groups):
@@ -71,8 +85,6 @@ def _by_group(labels: np.ndarray, folds: int, seed: int, groups: np.ndarray) -> 
     """Whole groups, shuffled by the seed and taken largest (then least even in its classes) first, each to the
     fold where the classes' shares over the folds stay most even; a tie goes to the fold with fewest images.
     The rule of scikit-learn's ``StratifiedGroupKFold``, here without that dependency."""
-    from .dataset import strata
-
     names, group_of_row = np.unique(groups, return_inverse=True)
     if len(names) < folds:
         raise DataSettingError(
