@@ -45,10 +45,8 @@ from .packing import (
     packed_folder,
     packed_read_only,
 )
+from .preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
-# ImageNet's statistics: close to those of most photo collections, and what pretrained weights expect.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 BadImagePolicy = Literal["skip", "error"]
 _found: dict[
     tuple[str, str, bool], LabelledImages

@@ -14,6 +14,10 @@ from typing import Any
 
 from .image_files import Interpolation, Resize
 
+# ImageNet's statistics: close to those of most photo collections, and what pretrained weights expect.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 CHECKPOINT_KEY = "preprocessing"
 RESIZE_RULES = {
     "crop": "shorter side scaled to {scaled} px ({interpolation}, antialiased), then the centre {size}x{size} square",

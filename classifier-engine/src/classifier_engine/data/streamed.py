@@ -39,9 +39,9 @@ from .batches import BatchSizes
 from .datamodule import ImageDataModule
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
-from .folder import IMAGENET_MEAN, IMAGENET_STD
 from .image_files import Interpolation, centre_crop
 from .object_store import check_location, configure_store_client, is_remote, join, random_state_kept, store_error
+from .preprocessing import IMAGENET_MEAN, IMAGENET_STD
 from .stream_format import DATASET_FILE, STREAM_FORMAT_VERSION, read_record
 from .stream_loader import concatenated, loader_class, stream_worker_init
 from .stream_position import Topology
