@@ -8,7 +8,8 @@ best epoch count. Having no images of its own to be calibrated on, it takes its 
   the pooled out-of-fold answers (each image answered by the fold model that never trained on it: the answers
   of models of this recipe to images they did not see, which is what a calibration needs);
 - the bank of the ``knn`` score holds its own training images' features, and its threshold is the folds'
-  (the score is a distance between L2-normalized features, on the same scale for models of one recipe).
+  (the score is a distance between L2-normalized features, on a like scale for models of one recipe; how
+  close, the docs' cross_validation page gives as measured).
 
 ``checkpoints/final.ckpt`` is the run's ``last.ckpt`` with that calibration and the cross-validated figures
 (``"cross_validation"``), which its model card cites; ``last.ckpt`` stays as training wrote it.
