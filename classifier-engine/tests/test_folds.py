@@ -10,7 +10,7 @@ import pytest
 from classifier_engine.data.errors import DataSettingError
 from classifier_engine.data.folds import fold_of_each, group_of_key
 from classifier_engine.data.image_sources import find_images
-from classifier_engine.machinery.cross_validation import Spread, t_975
+from classifier_engine.machinery.cross_validation import Spread, spreads, t_975
 
 from .conftest import write_image_folder
 
@@ -84,6 +84,16 @@ def test_the_95_percent_interval_of_the_mean_uses_student_s_t():
     assert (high - low) / 2 == pytest.approx(2.776 * 0.0158114 / math.sqrt(5), rel=1e-4)
     assert t_975(4) == 2.776 and t_975(22) == 2.060 and t_975(1000) == 1.980
     assert math.isnan(Spread((0.5,)).std)
+
+
+def test_an_interval_ends_where_its_figure_can():
+    # Five folds at 0.90-1.00: the t interval's upper end would pass 1, which no share reaches.
+    per_fold = [{"top1": value, "labels_per_image": value * 2} for value in (0.90, 1.0, 1.0, 1.0, 0.95)]
+    summary = spreads(per_fold)
+    mean, std = summary["top1"].mean, summary["top1"].std
+    assert mean + t_975(4) * std / math.sqrt(5) > 1 and summary["top1"].interval[1] == 1.0
+    assert summary["top1"].interval[0] == pytest.approx(mean - t_975(4) * std / math.sqrt(5))
+    assert summary["labels_per_image"].interval[1] > 2.0  # a count, not a share: unbounded above
 
 
 def test_more_folds_than_a_class_has_images_or_a_folder_with_its_own_val_split_is_refused(tmp_path):

@@ -169,12 +169,21 @@ def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(
     assert f"Cross-validated ({FOLDS} folds; this model: every image, {epochs} epochs): top-1 " in card
     assert f"top-1 {100 * float(summary['top1']['mean']):.1f} %" in card and "the folds' out-of-fold answers" in card
     assert f"Final model: {final_run.relative_to(tmp_path)}/checkpoints/final.ckpt" in result.stdout
+    shipped = page.split("<h2>The model to ship</h2>")[1].split("<h2>")[0]  # the report names it once it is made
+    assert f"{final_run.relative_to(tmp_path)}/checkpoints/final.ckpt" in shipped and f"{epochs} epochs" in shipped
     # The same command again trains nothing, and keeps the final model and its export as they are.
     kept = {path: path.read_bytes() for path in [final_run / "checkpoints" / "final.ckpt", *exported.iterdir()]}
     again = subprocess.run([*script, *fit_options], cwd=tmp_path, env=cli_env(**job), capture_output=True,
                            text=True, timeout=600)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert digests(tmp_path) == summarized and all(path.read_bytes() == data for path, data in kept.items())
+    # export.py's default formats leave int8 out for it (nothing is held out to judge int8 on); asked for, refused.
+    int8 = subprocess.run([sys.executable, str(PHOTO_ROOT / "export.py"), "--ckpt_path", str(final_run / "checkpoints"
+                           / "final.ckpt"), "--formats=int8"], cwd=tmp_path, env=cli_env(), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    (line,) = int8.stderr.strip().splitlines()
+    assert int8.returncode == 2 and line.startswith("error: the run trained on every image and holds none out")
+    assert all(path.read_bytes() == data for path, data in kept.items()) and len(list(exported.iterdir())) == 4
 
     # check_labels.py with the same options ranks from the same fold runs: none is trained again.
     before = digests(tmp_path)
@@ -202,6 +211,8 @@ def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(
     assert torch.allclose(torch.from_numpy(logits).softmax(-1), mean, atol=1e-5) and score.shape == (5,)
     card = (folder / "model.card.md").read_text()
     assert f"From: the mean of {FOLDS} fold models" in card and "answer 'unknown' where output 'score' < 0" in card
+    shipped = (cv_dir / "cv_report.html").read_text().split("<h2>The model to ship</h2>")[1].split("<h2>")[0]
+    assert "fold ensemble" in shipped and "final.ckpt" not in shipped
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
 """How far a cross-validated estimate lies from photos the folds never saw, and what cross_validate.py costs.
 
     python -m classifier_engine.bench crossval --sets ants_bees/ clothing/ --weights_path FILE
-        [--folds 5] [--epochs 5] [--test_fraction 0.3] [--accuracy_only] [--quick]
+        [--folds 5] [--epochs 5] [--test_fraction 0.3] [--seed 0] [--accuracy_only] [--quick]
 
 Each set is a folder of class folders (or of ``train/`` and ``val/`` folders, pooled). A seeded, stratified
 share (``--test_fraction``) is held out as the test split, which no fold and no model here trains or
-validates on. On the rest, with the photo config as shipped:
+validates on. ``--seed`` draws that split, deals the folds (``data.split_seed``) and seeds the training
+(``seed_everything``): run a few to see how much of a gap is the draw. On the rest, with the photo config as
+shipped:
 
 - ``cross_validate.py --folds k``: the cross-validated top-1, its 95 % interval, and its wall time;
 - the same k fold runs as k separate ``main.py fit`` commands (``data.folds``, ``data.fold``), timed: the
@@ -57,8 +59,9 @@ def options(args: argparse.Namespace, data: Path) -> list[str]:
     weights = [f"--model.backbone.weights_path={args.weights_path}"] if args.weights_path else []
     pooled = ["--data.pool_val=true"] if (data / "val").is_dir() else []
     return ["--config", str(IMAGES_CONFIG), *weights, *args.extra, *pooled, f"--data.image_dir={data}",
-            f"--data.test_fraction={args.test_fraction}", f"--trainer.max_epochs={args.epochs}",
-            "--seed_everything=0", "--trainer.enable_progress_bar=false"]  # fmt: skip
+            f"--data.test_fraction={args.test_fraction}", f"--data.split_seed={args.seed}",
+            f"--trainer.max_epochs={args.epochs}", f"--seed_everything={args.seed}",
+            "--trainer.enable_progress_bar=false"]  # fmt: skip
 
 
 def timed(command: list[str], cwd: Path) -> float:
@@ -137,7 +140,8 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
         "single_split_test_in_domain": single_kept, "final_model_test_in_domain": final_kept,
         "single_split_test_inside_interval": low <= single_test <= high,
         "final_model_test_inside_interval": low <= final_test <= high,
-        "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds, "final_model_seconds": final_seconds,
+        "seed": args.seed, "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds,
+        "final_model_seconds": final_seconds,
         "time_ratio": cv_seconds / separate_seconds,
     }  # fmt: skip
 
@@ -149,6 +153,7 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--test_fraction", type=float, default=0.3, help="share of each class no fold sees")
+    parser.add_argument("--seed", type=int, default=0, help="the test split's draw, the folds' and the training's")
     parser.add_argument("--quick", action="store_true", help="a tiny run that checks the benchmark works")
     parser.add_argument(
         "--accuracy_only",

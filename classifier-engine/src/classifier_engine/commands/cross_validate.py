@@ -79,6 +79,16 @@ def checked(options: argparse.Namespace, fit_options: list[str]) -> list[str]:
     return fit_options
 
 
+# What the report says of the model to ship until it is made (each --final choice).
+NEXT = {
+    "all": "The final model (every image, the folds' mean best epoch count) is trained next; this page names it "
+           "once it is exported.",
+    "ensemble": "The fold ensemble is exported next; this page names it once it is.",
+    "none": "None made (--final none): --final all trains one on every image, --final ensemble exports the fold "
+            "models as one.",
+}  # fmt: skip
+
+
 def cross_validation(
     options: argparse.Namespace, fit_options: list[str], model_class: type[L.LightningModule], default_config: Path,
     output: Path | None,
@@ -105,7 +115,9 @@ def cross_validation(
     output.mkdir(parents=True, exist_ok=True)
     cv.write_summary(summary, output / "cv_summary.csv")
     cv.write_out_of_fold(folds, output / "oof_predictions.csv")
-    write_report(folds, summary, output / "cv_report.html", options.gallery)
+    write_report(
+        folds, summary, output / "cv_report.html", options.gallery, "" if options.compare else NEXT[options.final]
+    )
     cv.write_tensorboard(summary, output / "tensorboard")
     print(cv.console_table(summary))
     print(f"Cross-validation: {output / 'cv_summary.csv'}, {output / 'cv_report.html'} and "
@@ -116,8 +128,9 @@ def cross_validation(
 def final_model(
     options: argparse.Namespace, fit_options: list[str], model_class: type[L.LightningModule], default_config: Path,
     folds: list, summary: dict,
-) -> None:  # fmt: skip
-    """``--final all``: train on every image, calibrate on the folds' answers, export (machinery/final_model.py)."""
+) -> list[tuple[str, str]] | None:  # fmt: skip
+    """``--final all``: train on every image, calibrate on the folds' answers, export (machinery/final_model.py);
+    what the report names (None on the ranks but the first)."""
     from ..foundation.files import sha256
     from ..machinery import final_model as final
     from ..machinery.export.artifacts import export_artifacts
@@ -129,47 +142,57 @@ def final_model(
     print(f"Final model: every image of the {options.folds} folds, {epochs} epochs (the folds' mean best)", flush=True)
     cli, run_dir = final.train_final(fit_options, options.folds, epochs, model_class, default_config)
     if not launched_as_rank_zero():
-        return
+        return None
     checkpoint = final.calibrate_final(cli, run_dir, folds, summary, epochs)
     exported_to = checkpoint.parent / "export"
-    made_from = (final.exported_source(exported_to) or {}).get("checkpoint_sha256")
-    if made_from != sha256(checkpoint):  # else exported from this very file before
-        held_out = len(cli.datamodule.held_out_images().labels)
-        # int8 is judged against fp32 on held-out images: a model that trained on every image ships fp32 alone.
-        formats = [] if held_out else ["--formats", "onnx,pt2"]
-        exported = export_artifacts(export_args(["--ckpt_path", str(checkpoint), *formats]), model_class)
+    if not final.exported_from(exported_to, "checkpoint_sha256", sha256(checkpoint)):
+        # With no test split, export's default formats leave int8 out: nothing is held out to judge it on.
+        exported = export_artifacts(export_args(["--ckpt_path", str(checkpoint)]), model_class)
         report(exported.card, exported.written)
     print(f"Final model: {checkpoint} (calibrated on the folds' out-of-fold answers), exported to {exported_to}",
           flush=True)  # fmt: skip
+    return [
+        ("final model", str(checkpoint)),
+        ("trained on", f"every image of the {options.folds} folds, {epochs} epochs (the folds' mean best)"),
+        ("calibrated on", "the folds' out-of-fold answers"),
+        ("exported to", str(exported_to)),
+    ]
 
 
-def ensemble_model(model_class: type[L.LightningModule], folds: list, summary: dict, output: Path) -> None:
-    """``--final ensemble``: the fold models as one exported graph (machinery/fold_ensemble.py), in ``output``."""
+def ensemble_model(
+    model_class: type[L.LightningModule], folds: list, summary: dict, output: Path
+) -> list[tuple[str, str]]:
+    """``--final ensemble``: the fold models as one exported graph (machinery/fold_ensemble.py), in ``output``;
+    what the report names."""
     from ..machinery import fold_ensemble as ensembles
     from ..machinery.export.artifacts import check_options, export_model
     from ..machinery.export.model_loading import load_model
     from ..machinery.export.run_data import load_run_data
-    from ..machinery.final_model import exported_source, figures_record
+    from ..machinery.final_model import exported_from, figures_record
     from .export import parse_args as export_args
     from .export import report
 
     checkpoints = [fold.run_dir / "checkpoints" / "last.ckpt" for fold in folds]
     sources = ensembles.member_sources(checkpoints)
-    if (exported_source(output) or {}).get("ensemble_of") != sources:  # else exported from these very folds before
+    if not exported_from(output, "ensemble_of", sources):
         loaded = [load_model(path, model_class) for path in checkpoints]
         ensemble = ensembles.FoldEnsemble([model for model, _ in loaded])
         checkpoint = ensembles.ensemble_checkpoint(loaded[0][1], ensemble, figures_record(summary, len(folds), None),
                                                    sources)  # fmt: skip
         data = load_run_data(checkpoints[0], loaded[0][1], ensemble.class_names, None, "evaluation on the test split")
         judged = data.held_out.split == "test"  # else the held-out images are fold 0's, which the others trained on
-        formats = [] if judged else ["--formats", "onnx,pt2"]  # int8 is judged against fp32 on held-out images
-        options = export_args(["--ckpt_path", str(checkpoints[0]), "--output_dir", str(output), *formats])
+        options = export_args(["--ckpt_path", str(checkpoints[0]), "--output_dir", str(output)])
         check_options(options)
         skipped = None if judged else (f"no test split: each image trained {len(folds) - 1} of the {len(folds)} fold "
                                        "models; the card's cross-validated figures stand for it")  # fmt: skip
         exported = export_model(options, ensemble, checkpoint, data if judged else None, skipped)
         report(exported.card, exported.written)
     print(f"Fold ensemble: {output} (the mean of the {len(folds)} fold models' calibrated probabilities)", flush=True)
+    return [
+        ("fold ensemble", str(output)),
+        ("made of", f"the mean of the {len(folds)} fold models' calibrated probabilities"),
+        *((f"fold {k}", str(path)) for k, path in enumerate(checkpoints)),
+    ]
 
 
 def main(model_class: type[L.LightningModule], default_config: Path, argv: list[str] | None = None) -> int:
@@ -180,10 +203,21 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
         fit_options = checked(options, fit_options)
         if not options.compare:
             done = cross_validation(options, fit_options, model_class, default_config, options.output)
-            if done is not None and options.final == "all":
-                final_model(options, fit_options, model_class, default_config, done[2], done[0])
-            if done is not None and options.final == "ensemble" and launched_as_rank_zero():
-                ensemble_model(model_class, done[2], done[0], done[1] / "ensemble")
+            if done is None or options.final == "none":
+                return 0
+            summary, output, folds = done
+            if options.final == "all":
+                shipped = final_model(options, fit_options, model_class, default_config, folds, summary)
+            else:
+                shipped = (
+                    ensemble_model(model_class, folds, summary, output / "ensemble")
+                    if launched_as_rank_zero()
+                    else None
+                )
+            if shipped:
+                from ..machinery.cross_validation_report import write_report
+
+                write_report(folds, summary, output / "cv_report.html", options.gallery, shipped)
             return 0
         from ..machinery import cross_validation as cv
 

@@ -41,7 +41,11 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     add = parser.add_argument
     add("--ckpt_path", type=Path, required=True, help="checkpoint written by main.py fit")
     add("--output_dir", type=Path, help="folder for the files (default: export/ beside the checkpoint)")
-    add("--formats", type=formats, help=f"comma-separated, of {','.join(FORMATS)} (default: all)")
+    add(
+        "--formats",
+        type=formats,
+        help=f"comma-separated, of {','.join(FORMATS)} (default: all; without int8 for a run that held out no image)",
+    )
     add(
         "--data_dir",
         type=Path,
@@ -88,7 +92,7 @@ def main(model_class: type[L.LightningModule], experiment: str, argv: list[str] 
         if options.alias and not options.register:
             raise ExportError("--alias names an alias of a registered model; add --register NAME")
         if options.register:  # refused now rather than after the export's minutes of work
-            if not {"onnx", "int8"} & set(options.formats):
+            if not {"onnx", "int8"} & set(options.asked_formats()):
                 raise ExportError("--register registers the ONNX files; add onnx or int8 to --formats")
             check_request(options.register, options.alias)
             options = replace(options, tracking_uri=options.tracking_uri or default_tracking_uri(options.ckpt_path))

@@ -9,7 +9,8 @@ the fold it never saw, calibrated as ``predict`` answers. From those answers, pe
   and ``ap/<class>``.
 
 Over the folds: the mean, the standard deviation and a 95 % interval of the mean (Student's t with k - 1
-degrees of freedom: folds are few, and the normal's 1.96 would claim too much).
+degrees of freedom: folds are few, and the normal's 1.96 would claim too much), ending where the figure can
+(a share's at 0 and 1).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Spread:
     """A figure over the folds: each fold's value, their mean, standard deviation and 95 % interval."""
 
     values: tuple[float, ...]
+    bounds: tuple[float, float] = (-math.inf, math.inf)  # where the figure can lie: the interval ends there too
 
     @property
     def mean(self) -> float:
@@ -63,7 +65,10 @@ class Spread:
     def interval(self) -> tuple[float, float]:
         known = [v for v in self.values if not math.isnan(v)]
         half = t_975(len(known) - 1) * self.std / math.sqrt(len(known)) if len(known) > 1 else math.nan
-        return self.mean - half, self.mean + half
+        if math.isnan(half):
+            return math.nan, math.nan
+        # The t interval of a few folds can pass a share's ends (a mean of 0.97 with a wide spread): clipped there.
+        return max(self.mean - half, self.bounds[0]), min(self.mean + half, self.bounds[1])
 
 
 def fold_figures(fold: FoldPredictions) -> dict[str, float]:
@@ -96,9 +101,16 @@ def fold_figures(fold: FoldPredictions) -> dict[str, float]:
     return figures | {f"recall/{name}": recall for name, recall in zip(fold.class_names, recalls, strict=True)}
 
 
+COUNTS = ("labels_per_image",)  # the figures that are not shares in [0, 1]
+
+
 def spreads(per_fold: list[dict[str, float]]) -> dict[str, Spread]:
     """Each figure over the folds, in the order the first fold gives them."""
-    return {name: Spread(tuple(figures.get(name, math.nan) for figures in per_fold)) for name in per_fold[0]}
+    return {
+        name: Spread(tuple(figures.get(name, math.nan) for figures in per_fold),
+                     (0.0, math.inf) if name in COUNTS else (0.0, 1.0))
+        for name in per_fold[0]
+    }  # fmt: skip
 
 
 def console_table(summary: dict[str, Spread], per_class: bool = False) -> str:

@@ -1,6 +1,7 @@
 """``cv_report.html``: one self-contained page of what the folds say together.
 
-The summary (every figure with its spread), each fold's validation curve as its run logged it, the pooled
+The summary (every figure with its spread), the model to ship (the final model or the fold ensemble, once it
+is made), each fold's validation curve as its run logged it, the pooled
 out-of-fold confusion matrix (one label per image) and the images the fold models got wrong, surest first.
 """
 
@@ -94,8 +95,19 @@ def wrong_section(folds: list[FoldPredictions], limit: int) -> str:
     return f'<div class="gallery">{"".join(figures)}</div>'
 
 
-def write_report(folds: list[FoldPredictions], summary: dict[str, Spread], output: Path, limit: int = 48) -> None:
-    """``output``: the summary, the curves, the pooled confusion matrix (one label) and the wrong answers."""
+def shipped_section(shipped: str | list[tuple[str, str]]) -> str:
+    """What the cross-validation made to ship: a sentence (none yet, none asked) or (what, where) rows."""
+    if isinstance(shipped, str):
+        return html_page.paragraph(shipped, note=True)
+    return html_page.table(None, shipped, text_columns=2)
+
+
+def write_report(
+    folds: list[FoldPredictions], summary: dict[str, Spread], output: Path, limit: int = 48,
+    shipped: str | list[tuple[str, str]] = "",
+) -> None:  # fmt: skip
+    """``output``: the summary, the model to ship (``shipped``), the curves, the pooled confusion matrix (one
+    label) and the wrong answers."""
     multilabel = folds[0].thresholds is not None
     headline = HEADLINE["multilabel" if multilabel else "multiclass"]
     spread = summary[headline]
@@ -106,6 +118,8 @@ def write_report(folds: list[FoldPredictions], summary: dict[str, Spread], outpu
         f"{low:.4f} to {high:.4f})."
     )
     sections = [("Summary", lead + summary_table(summary))]
+    if shipped:
+        sections.append(("The model to ship", shipped_section(shipped)))
     for tag in (f"val/{headline}", "val/loss"):
         chart = curves_chart(folds, tag)
         if chart is not None:

@@ -135,9 +135,10 @@ def calibrate_final(
     return target
 
 
-def exported_source(folder: Path) -> dict | None:
-    """The ``source`` of the model card in ``folder``: what its export was made from (None: no whole export there)."""
+def exported_from(folder: Path, key: str, value: Any) -> bool:
+    """Whether ``folder`` holds a whole export whose card's ``source[key]`` is ``value``: made from this very
+    checkpoint (or these very fold checkpoints) before, so a rerun keeps it byte for byte."""
     try:
-        return json.loads((folder / CARD_JSON).read_text())["source"]
+        return json.loads((folder / CARD_JSON).read_text())["source"][key] == value
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return False

@@ -9,7 +9,7 @@ limit; only then are the files and the card renamed into place, together.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -63,7 +63,7 @@ class ExportOptions:
 
     ckpt_path: Path
     output_dir: Path | None = None
-    formats: tuple[str, ...] = FORMATS
+    formats: tuple[str, ...] | None = None  # None: all, but a run that held out no image cannot judge int8
     data_dir: Path | None = None
     calibration_images: int = 512
     calibration_method: CalibrationMethodName = "minmax"
@@ -77,6 +77,10 @@ class ExportOptions:
     alias: str | None = None
     tracking_uri: str | None = None
     trust: tuple[str, ...] = ()
+
+    def asked_formats(self) -> tuple[str, ...]:
+        """The formats named, else all of them (``settled_formats`` leaves out what the run cannot judge)."""
+        return FORMATS if self.formats is None else self.formats
 
     def folder(self) -> Path:
         """Where the files go: ``--output_dir``, or an ``export/`` folder beside the checkpoint."""
@@ -106,14 +110,15 @@ class Built:
 
 
 def check_options(options: ExportOptions) -> None:
-    unknown = [name for name in options.formats if name not in FORMATS]
-    if unknown or not options.formats:
-        raise ExportError(f"--formats {','.join(options.formats)}: choose from {','.join(FORMATS)} (comma-separated)")
+    asked = options.asked_formats()
+    unknown = [name for name in asked if name not in FORMATS]
+    if unknown or not asked:
+        raise ExportError(f"--formats {','.join(asked)}: choose from {','.join(FORMATS)} (comma-separated)")
     if options.calibration_images < 1:
         raise ExportError(f"--calibration_images must be at least 1, got {options.calibration_images}")
     if options.eval_limit is not None and options.eval_limit < 0:
         raise ExportError(f"--eval_limit must be 0 or more, got {options.eval_limit}")
-    if options.eval_limit == 0 and "int8" in options.formats:
+    if options.eval_limit == 0 and "int8" in asked:
         raise ExportError("--eval_limit 0 skips the evaluation the int8 limit needs; give a count, or drop int8")
     if options.eval_batch_size < 1:
         raise ExportError(f"--eval_batch_size must be at least 1, got {options.eval_batch_size}")
@@ -129,20 +134,21 @@ def find_data(options: ExportOptions, model: ClassifierModel, checkpoint: dict) 
     """The run's data, or why evaluation is skipped; missing data is an error where int8 or ``--data_dir`` asks."""
     if options.eval_limit == 0:
         return None, "--eval_limit 0"
-    purpose = "int8 calibration" if "int8" in options.formats else "evaluation on the test split"
+    asked = options.asked_formats()
+    purpose = "int8 calibration" if "int8" in asked else "evaluation on the test split"
     try:
         data = load_run_data(options.ckpt_path, checkpoint, model.class_names, options.data_dir, purpose)
     except MissingDataError as error:
-        if "int8" in options.formats or options.data_dir is not None:
+        if "int8" in asked or options.data_dir is not None:
             raise
         return None, f"no data: {error}"
     if len(data.held_out.labels):
         return data, None
     # A run that held no image out (a cross-validation's final model): nothing to judge it, or int8 against fp32, on.
-    if "int8" in options.formats:
+    if options.formats is not None and "int8" in options.formats:
         raise MissingDataError(
-            "the run trained on every image and holds none out to measure what int8 loses against fp32; export "
-            "--formats onnx,pt2, or hold out a test split (data.test_fraction) when you train"
+            "the run trained on every image and holds none out to measure what int8 loses against fp32; leave int8 "
+            "out of --formats (the default does), or hold out a test split (data.test_fraction) when you train"
         )
     return None, "the run held out no images (it trained on every one); the card's cross-validated figures stand for it"
 
@@ -289,10 +295,19 @@ def export_artifacts(options: ExportOptions, model_class: type) -> Exported:
     return export_model(options, model, checkpoint, *find_data(options, model, checkpoint))
 
 
+def settled_formats(options: ExportOptions, data: RunData | None) -> ExportOptions:
+    """The formats to write: those named, else all of them, less int8 where there are no held-out images to judge
+    its loss against fp32 on (``find_data`` has refused every other way of having none by then)."""
+    if options.formats is not None:
+        return options
+    return replace(options, formats=FORMATS if data is not None else tuple(name for name in FORMATS if name != "int8"))
+
+
 def export_model(
     options: ExportOptions, model: ClassifierModel, checkpoint: dict, data: RunData | None, skipped: str | None
 ) -> Exported:
     """Export a loaded model (``checkpoint``: what its card reads; ``data``: the run's, or why it is not judged)."""
+    options = settled_formats(options, data)
     with StagedFiles(options.folder()) as staged, tempfile.TemporaryDirectory(prefix="export-") as work:
         built, calibration = build(options, model, data, staged, Path(work))
         eager = evaluate(options, model, data, built) if data is not None else None

@@ -347,9 +347,7 @@ def cross_validation_lines(record: dict | None) -> list[str]:
         if figure and figure["mean"] is not None:
             share = name != "ece"  # ECE is not a share to show in %
             shown = (lambda v: f"{100 * v:.1f} %") if share else (lambda v: f"{v:.3f}")
-            low, high = figure["low"], figure["high"]
-            if low is not None:  # a share's interval ends where shares do (the t interval of few folds may not)
-                low, high = max(low, 0.0), min(high, 1.0) if share else high
+            low, high = figure["low"], figure["high"]  # a share's interval ends at 0 and 1 (cross_validation.py)
             interval = "" if low is None else f" (95 % interval {shown(low)} to {shown(high)})"
             cited.append(f"{words} {shown(figure['mean'])}{interval}")
     this = (f"the mean of the {record['folds']} fold models" if record.get("epochs") is None
