@@ -241,4 +241,7 @@ def test_the_cross_validation_benchmark_sets_its_estimate_against_a_held_out_spl
     assert 0 <= row["fold_ensemble_test_top1"] <= 1
     assert all(0 <= row[f"{name}_test_in_domain"] <= 1 for name in ("single_split", "final_model"))
     assert row["time_ratio"] == pytest.approx(row["cv_seconds"] / row["separate_fits_seconds"])
+    for mode, whole in (("cv", "cv_seconds"), ("separate", "separate_fits_seconds")):  # each fold's fit, within
+        fits = row[f"{mode}_fold_fit_seconds"]
+        assert len(fits) == 2 and all(seconds > 0 for seconds in fits) and sum(fits) < row[whole]
     assert table[-1].startswith("| warm | ") and list(tmp_path.iterdir()) == []

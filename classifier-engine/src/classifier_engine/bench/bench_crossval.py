@@ -11,7 +11,7 @@ shipped:
 
 - ``cross_validate.py --folds k``: the cross-validated top-1, its 95 % interval, and its wall time;
 - the same k fold runs as k separate ``main.py fit`` commands (``data.folds``, ``data.fold``), timed: the
-  overhead of one command over k;
+  overhead of one command over k (and each fold's fit alone, both ways, in the JSON: where the time went);
 - the final model (``--final all``: every photo, the folds' mean best epoch count, calibrated on the folds'
   out-of-fold answers): its top-1 on the test split, and the share of test photos it keeps as like the
   training ones (its "unknown" threshold was fitted on no image of its own; the goal is ``keep_in_domain``);
@@ -106,6 +106,13 @@ def fold_runs(root: Path) -> dict[int | None, Path]:
     return runs
 
 
+def fit_seconds(runs: dict[int | None, Path]) -> list[float]:
+    """Each fold run's training time, fold by fold: from its config (written as fit starts) to its last
+    checkpoint (written as it ends). Set against the whole command's, it shows where the time went."""
+    return [(run / "checkpoints" / "last.ckpt").stat().st_mtime - (run / "config.yaml").stat().st_mtime
+            for fold, run in sorted((fold, run) for fold, run in runs.items() if fold is not None)]  # fmt: skip
+
+
 def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
     shared = options(args, data)
     cv_root, separate_root, single_root = scratch / "cv", scratch / "separate", scratch / "single"
@@ -123,6 +130,8 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
     top1 = next(row for row in csv.DictReader(summary_path.read_text().splitlines()) if row["figure"] == "top1")
     (single_last,) = single_root.glob("runs/*/*/checkpoints/last.ckpt")
     runs = fold_runs(cv_root)
+    cv_fits = fit_seconds(runs)
+    separate_fits = fit_seconds(fold_runs(separate_root)) if not args.accuracy_only else []
     final_run = runs.pop(None)
     fold_answers = [on_test(run / "checkpoints" / "last.ckpt") for run in runs.values()]
     fold_tests = [answer[0] for answer in fold_answers]
@@ -143,6 +152,7 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
         "seed": args.seed, "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds,
         "final_model_seconds": final_seconds,
         "time_ratio": cv_seconds / separate_seconds,
+        "cv_fold_fit_seconds": cv_fits, "separate_fold_fit_seconds": separate_fits,
     }  # fmt: skip
 
 
