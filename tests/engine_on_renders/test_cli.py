@@ -199,6 +199,16 @@ def test_bad_config_is_refused_in_one_line_with_the_key_named(tmp_path, monkeypa
 
 
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning")
+def test_a_trainer_setting_lightning_refuses_is_one_line_and_leaves_no_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(ImageClassifier, default_config(), ["fit", "--trainer.max_epochs=-3"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and line.startswith("error: trainer: `max_epochs` must be a non-negative integer")
+    assert line.endswith("You passed in -3; fix that value in the config or on the command line")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("preset", ["fast_dev_run", "debug"])
 def test_small_presets_stack_on_the_default_config(tmp_path, monkeypatch, preset):
     write_tiny_archive(tmp_path / "data")

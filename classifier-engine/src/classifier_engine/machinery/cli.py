@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import lightning as L
 from jsonargparse import Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
@@ -240,6 +241,9 @@ class TrainerCLI(LightningCLI):
                 raise UsageError(
                     f"{constructor_error(error)}; fix that value in the config or on the command line"
                 ) from error
+            if isinstance(error, MisconfigurationException):  # the Trainer's own checks of its settings
+                reason = " ".join(str(error).split()).rstrip(".")
+                raise UsageError(f"trainer: {reason}; fix that value in the config or on the command line") from error
             raise
 
     @override
