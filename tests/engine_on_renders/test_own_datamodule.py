@@ -24,7 +24,6 @@ from .test_export import top_k_correct
 
 pytestmark = [
     pytest.mark.slow,  # five process starts each
-    pytest.mark.every_render,  # the promise holds whatever the render's default dataset
     # mlflow's SQL store and its dependencies warn about their own deprecations
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore::FutureWarning"),
@@ -108,6 +107,7 @@ def fit_test_predict(fit: list[str], cwd: Path, env: dict[str, str]) -> Path:
     return run
 
 
+@pytest.mark.every_render  # the promise holds whatever the render's default dataset
 def test_the_docs_datamodule_gets_test_predict_export_int8_and_the_registry(tmp_path):
     (tmp_path / "my_data.py").write_text(docs_block("python", "# my_data.py"))
     (tmp_path / "configs").mkdir()
@@ -154,7 +154,7 @@ class TaggedPhotos(ImageFolderDataModule):
 '''
 
 
-@pytest.mark.slow  # about a minute
+# About a minute: in the slow tier only (the module's `slow`, without `every_render`).
 def test_a_folder_datamodule_subclass_exports_from_its_packed_copy_without_data_dir(tmp_path):
     (tmp_path / "my_photos.py").write_text(FOLDER_SUBCLASS)
     photos = write_image_folder(tmp_path / "photos", per_class=16)
