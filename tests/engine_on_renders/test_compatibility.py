@@ -3,7 +3,7 @@
 Semantic versioning's promise for a minor release, checked on real run folders (config, hash and
 ``last.ckpt`` of a one-epoch fit of the CIFAR render) written by classifier-engine 1.0.0, 1.1.0 and 1.2.0:
 the same command finds the same run, a longer ``max_epochs`` continues it from its step, and ``export.py``
-ships it.
+ships it (the oldest release's: once extended, each run's ``last.ckpt`` is written by this release).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def test_a_run_of_the_previous_release_resumes_extends_and_exports(tmp_path):
         assert "`Trainer.fit` stopped: `max_epochs=2` reached." in extended.stdout + extended.stderr
         assert [path.parent for path in root.glob("runs/cifar10/*/config.yaml")] == [run_dir], release
         assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 20, release
-
+        if release != RELEASES[0]:
+            continue  # once extended, every release's last.ckpt is this release's: the oldest run's export suffices
         export = [sys.executable, str(PROJECT_ROOT / "export.py"), "--ckpt_path", str(last), "--formats", "onnx"]
         shipped = subprocess.run(export, cwd=root, capture_output=True, text=True, timeout=300, env=cli_env())
         assert shipped.returncode == 0, shipped.stderr[-3000:]
