@@ -21,7 +21,9 @@ shipped:
 
 It prints, per set: the estimate and its interval, the single-split, fold, final and ensemble test top-1,
 whether the single-split and final models' test top-1 lie inside the interval, the shares kept, and the time
-ratio (the cross-validation without its final model against k separate fits). The last line is one JSON
+ratio (the cross-validation without its final model against k separate fits, each timed once, one after the
+other: on a shared machine drift weighs on it, so compare it over runs, or time the two commands in turn;
+each fold's fit time, both ways, shows whether the folds themselves differ). The last line is one JSON
 object of every figure. ``--quick`` (what the tests run) checks the script works on generated photos from
 random weights; its figures mean nothing.
 """
