@@ -209,6 +209,18 @@ def test_a_trainer_setting_lightning_refuses_is_one_line_and_leaves_no_run(tmp_p
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("setting", ["val_check_interval", "check_val_every_n_epoch", "log_every_n_steps"])
+def test_a_count_of_zero_lightning_would_divide_by_is_refused_before_the_run(tmp_path, monkeypatch, capsys, setting):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(ImageClassifier, default_config(), ["fit", f"--trainer.{setting}=0"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2
+    fix = "fix that value in the config or on the command line"
+    assert line == f"error: trainer.{setting} must be above 0, got 0; {fix}"
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("preset", ["fast_dev_run", "debug"])
 def test_small_presets_stack_on_the_default_config(tmp_path, monkeypatch, preset):
     write_tiny_archive(tmp_path / "data")

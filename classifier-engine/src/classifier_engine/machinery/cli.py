@@ -108,6 +108,20 @@ class OneLineErrorParser(LightningArgumentParser):
         raise UsageError(f"{parse_error_line(message)}; see {command} --help (FULL_ERROR=1: the full report)")
 
 
+# Trainer settings Lightning accepts at 0 and later divides by, mid-run (a modulo by zero after the first step).
+COUNTS = ("val_check_interval", "check_val_every_n_epoch", "log_every_n_steps")
+
+
+def check_counts(trainer: Namespace) -> None:
+    """A count of 0 or less is one line before the run starts, rather than a failure after its first step."""
+    for name in COUNTS:
+        value = trainer.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+            raise UsageError(
+                f"trainer.{name} must be above 0, got {value}; fix that value in the config or on the command line"
+            )
+
+
 class TrainerCLI(LightningCLI):
     """``python main.py {fit,validate,test,predict} [--config configs/...yaml] ...``."""
 
@@ -229,7 +243,9 @@ class TrainerCLI(LightningCLI):
     @override
     def instantiate_classes(self) -> None:
         try:
-            check_tracker_packages(self.config[self.subcommand].trainer if self.subcommand else self.config.trainer)
+            trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
+            check_tracker_packages(trainer)
+            check_counts(trainer)
             super().instantiate_classes()
             check_model(self.model)
         except BaseException as error:
