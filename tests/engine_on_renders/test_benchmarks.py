@@ -240,6 +240,12 @@ def test_the_cross_validation_benchmark_sets_its_estimate_against_a_held_out_spl
     assert row["final_model_epochs"] >= 1 and row["final_model_seconds"] > 0 and row["seed"] == 0
     assert 0 <= row["fold_ensemble_test_top1"] <= 1
     assert all(0 <= row[f"{name}_test_in_domain"] <= 1 for name in ("single_split", "final_model"))
+    for name in ("single_split", "final_model"):  # the test split's own interval holds its figure
+        test_low, test_high = row[f"{name}_test_ci95"]
+        assert 0 <= test_low <= row[f"{name}_test_top1"] <= test_high <= 1 and test_high - test_low > 0
+    gained = row["only_final_model_right"] - row["only_single_split_right"]
+    assert gained == round((row["final_model_test_top1"] - row["single_split_test_top1"]) * row["test_images"])
+    assert 0 < row["final_vs_single_mcnemar_p"] <= 1
     assert row["time_ratio"] == pytest.approx(row["cv_seconds"] / row["separate_fits_seconds"])
     for mode, whole in (("cv", "cv_seconds"), ("separate", "separate_fits_seconds")):  # each fold's fit, within
         fits = row[f"{mode}_fold_fit_seconds"]

@@ -24,8 +24,10 @@ whether the single-split and final models' test top-1 lie inside the interval, t
 ratio (the cross-validation without its final model against k separate fits, each timed once, one after the
 other: on a shared machine drift weighs on it, so compare it over runs, or time the two commands in turn;
 each fold's fit time, both ways, shows whether the folds themselves differ). The last line is one JSON
-object of every figure. ``--quick`` (what the tests run) checks the script works on generated photos from
-random weights; its figures mean nothing.
+object of every figure, with what the test split's own size allows: each test top-1's 95 % (Wilson)
+interval, and the photos only the final or only the single-split model gets right, with McNemar's exact p.
+``--quick`` (what the tests run) checks the script works on generated photos from random weights; its figures
+mean nothing.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def timed(command: list[str], cwd: Path) -> float:
 def on_test(checkpoint_path: Path) -> tuple[float, float, np.ndarray, np.ndarray]:
     """A checkpoint's top-1 on its run's test split, the share of the test photos its calibration calls like
     the training ones (its own views, its "unknown" threshold: the goal keeps ``keep_in_domain`` of them), its
-    calibrated probabilities and the labels."""
+    calibrated probabilities (whose top class is its answer) and the labels."""
     model, checkpoint = load_model(checkpoint_path, ImageClassifier)
     model.eval()
     data = load_run_data(checkpoint_path, checkpoint, list(model.class_names), None, "the benchmark").datamodule
@@ -96,6 +98,27 @@ def on_test(checkpoint_path: Path) -> tuple[float, float, np.ndarray, np.ndarray
     logits = torch.cat(logits)
     top1 = float((logits.argmax(1).numpy() == labels).mean())
     return top1, float(torch.cat(inside).float().mean()), model.calibration.probabilities(logits).numpy(), labels
+
+
+def wilson(correct: int, total: int) -> list[float]:
+    """The 95 % Wilson interval of a top-1 on ``total`` test photos: how much of a gap the test split's own
+    size can explain, beside the cross-validated interval."""
+    if total == 0:
+        return [0.0, 1.0]
+    z, share = 1.959964, correct / total
+    centre = (share + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def mcnemar(only_a: int, only_b: int) -> float:
+    """The exact two-sided McNemar p-value of two models answering the same photos: how likely their split of
+    the photos only one of them gets right would be if neither were better (a fair coin per such photo)."""
+    disagreements = only_a + only_b
+    if disagreements == 0:
+        return 1.0
+    tail = sum(math.comb(disagreements, k) for k in range(min(only_a, only_b) + 1)) / 2**disagreements
+    return min(1.0, 2 * tail)
 
 
 def fold_runs(root: Path) -> dict[int | None, Path]:
@@ -140,8 +163,11 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
     # The folds as an ensemble: their calibrated probabilities averaged (the same test photos, in the same order).
     labels = fold_answers[0][3]
     ensemble_test = float((np.mean([answer[2] for answer in fold_answers], axis=0).argmax(1) == labels).mean())
-    single_test, single_kept, _, _ = on_test(single_last)
-    final_test, final_kept, _, _ = on_test(final_run / "checkpoints" / "final.ckpt")
+    single_test, single_kept, single_probabilities, _ = on_test(single_last)
+    final_test, final_kept, final_probabilities, _ = on_test(final_run / "checkpoints" / "final.ckpt")
+    single_right = single_probabilities.argmax(1) == labels
+    final_right = final_probabilities.argmax(1) == labels
+    only_final, only_single = int((final_right & ~single_right).sum()), int((single_right & ~final_right).sum())
     low, high = float(top1["ci95_low"]), float(top1["ci95_high"])
     return {
         "cv_top1": float(top1["mean"]), "cv_ci95": [low, high], "cv_std": float(top1["std"]),
@@ -151,6 +177,11 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
         "single_split_test_in_domain": single_kept, "final_model_test_in_domain": final_kept,
         "single_split_test_inside_interval": low <= single_test <= high,
         "final_model_test_inside_interval": low <= final_test <= high,
+        "test_images": len(labels),
+        "single_split_test_ci95": wilson(int(single_right.sum()), len(labels)),
+        "final_model_test_ci95": wilson(int(final_right.sum()), len(labels)),
+        "only_final_model_right": only_final, "only_single_split_right": only_single,
+        "final_vs_single_mcnemar_p": mcnemar(only_final, only_single),
         "seed": args.seed, "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds,
         "final_model_seconds": final_seconds,
         "time_ratio": cv_seconds / separate_seconds,
