@@ -245,6 +245,28 @@ def test_an_int8_model_that_loses_too_much_is_not_written_and_an_earlier_export_
     assert snapshot(exported) == before  # the earlier files byte for byte, no partial file
 
 
+@pytest.mark.slow
+@pytest.mark.every_render  # cross_validate.py's promise of a model to ship; seconds on the module's trained run
+def test_a_cross_validations_final_model_ships_in_fp32_when_int8_loses_too_much(trained, tmp_path, capsys):
+    from classifier_engine.commands.cross_validate import export_final
+
+    final = tmp_path / "checkpoints" / "final.ckpt"  # where cross_validate.py leaves the final model
+    final.parent.mkdir()
+    final.write_bytes(trained.read_bytes())
+    # As above: int8 calibrated on one image with symmetric ranges, no loss allowed (cross_validate.py passes none
+    # of these; its int8 fails the same way when it loses more than export's default limit).
+    export_final(final, ImageClassifier, ("--data_dir", str(trained.parents[4] / "data"), "--calibration_images=1",
+                                          "--int8_symmetric", "--max_int8_drop=0"))  # fmt: skip
+    said = capsys.readouterr().out
+    assert "Final model: int8 left out: it loses " in said and "(limit 0.0); shipping ONNX and .pt2" in said
+    assert f"python export.py --ckpt_path {final} --calibration_method percentile" in said
+    export = final.parent / "export"
+    assert sorted(path.name for path in export.iterdir()) == ["model.card.json", "model.card.md", "model.onnx",
+                                                              "model.pt2"]  # fmt: skip
+    card = json.loads((export / "model.card.json").read_text())
+    assert card["evaluation"]["images"] > 0 and sorted(card["artifacts"]) == ["onnx", "pt2"]
+
+
 @pytest.mark.slow  # the quick tier keeps one end-to-end export; this one runs with -m slow
 def test_failed_parity_exits_1_says_by_how_much_and_leaves_nothing(trained, tmp_path):
     result = run_export("--ckpt_path", str(trained), "--output_dir", str(tmp_path / "a" / "b"), "--formats", "onnx",

@@ -133,9 +133,6 @@ def final_model(
     what the report names (None on the ranks but the first)."""
     from ..foundation.files import sha256
     from ..machinery import final_model as final
-    from ..machinery.export.artifacts import export_artifacts
-    from .export import parse_args as export_args
-    from .export import report
 
     task = "multilabel" if folds[0].thresholds is not None else "multiclass"
     epochs = final.final_epochs(folds, task)
@@ -146,9 +143,7 @@ def final_model(
     checkpoint = final.calibrate_final(cli, run_dir, folds, summary, epochs)
     exported_to = checkpoint.parent / "export"
     if not final.exported_from(exported_to, "checkpoint_sha256", sha256(checkpoint)):
-        # With no test split, export's default formats leave int8 out: nothing is held out to judge it on.
-        exported = export_artifacts(export_args(["--ckpt_path", str(checkpoint)]), model_class)
-        report(exported.card, exported.written)
+        export_final(checkpoint, model_class)
     print(f"Final model: {checkpoint} (calibrated on the folds' out-of-fold answers), exported to {exported_to}",
           flush=True)  # fmt: skip
     return [
@@ -157,6 +152,26 @@ def final_model(
         ("calibrated on", "the folds' out-of-fold answers"),
         ("exported to", str(exported_to)),
     ]
+
+
+def export_final(checkpoint: Path, model_class: type[L.LightningModule], export_options: tuple[str, ...] = ()) -> None:
+    """Export the final model in export's default formats (with no test split, int8 is left out: nothing is held
+    out to judge it on). Where int8 loses more than export's limit, the model ships in fp32 (ONNX, .pt2) and one
+    line says so: the command's product is a model to ship, and int8 can be tried again with export.py."""
+    from ..machinery.export.artifacts import export_artifacts
+    from ..machinery.export.errors import Int8DropError
+    from .export import parse_args as export_args
+    from .export import report
+
+    asked = ["--ckpt_path", str(checkpoint), *export_options]
+    try:
+        exported = export_artifacts(export_args(asked), model_class)
+    except Int8DropError as error:
+        print(f"Final model: int8 left out: it loses {error.drop:.2f} points against fp32 on the test split (limit "
+              f"{error.limit}); shipping ONNX and .pt2. To try int8 again: python export.py --ckpt_path {checkpoint} "
+              "--calibration_method percentile", flush=True)  # fmt: skip
+        exported = export_artifacts(export_args([*asked, "--formats", "onnx,pt2"]), model_class)
+    report(exported.card, exported.written)
 
 
 def ensemble_model(

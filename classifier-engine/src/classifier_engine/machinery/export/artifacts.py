@@ -19,7 +19,7 @@ from ...contract import ClassifierModel
 from ...foundation.files import sha256
 from ...models.cost import model_cost
 from .contract import sample_images
-from .errors import ExportCheckError, ExportError
+from .errors import ExportCheckError, ExportError, Int8DropError
 from .evaluation import (
     Accuracy,
     LabelScores,
@@ -244,11 +244,13 @@ def int8_report(
     }
     if drop > options.max_int8_drop:
         measure = fp32.accuracy.measure
-        raise ExportCheckError(
+        raise Int8DropError(
             f"the int8 model loses {drop:.2f} points of {measure} against fp32 ({100 * int8.accuracy.headline:.2f} % "
             f"vs {100 * fp32.accuracy.headline:.2f} % on {fp32.accuracy.images} test images; limit --max_int8_drop "
             f"{options.max_int8_drop}); nothing was written: try more --calibration_images (now {calibration.images}), "
-            "another --calibration_method (minmax, percentile, entropy), or ship fp32 with --formats onnx,pt2"
+            "another --calibration_method (minmax, percentile, entropy), or ship fp32 with --formats onnx,pt2",
+            drop,
+            options.max_int8_drop,
         )
     return report
 

@@ -11,3 +11,11 @@ class ExportError(UsageError):
 
 class ExportCheckError(UserError):
     """An artifact failed a check (parity, accuracy); the message says by how much and what to try."""
+
+
+class Int8DropError(ExportCheckError):
+    """The int8 model loses more than the limit against fp32; ``drop`` and ``limit`` in points."""
+
+    def __init__(self, message: str, drop: float, limit: float) -> None:
+        super().__init__(message)
+        self.drop, self.limit = drop, limit
