@@ -78,10 +78,10 @@ def timed(command: list[str], cwd: Path) -> float:
     return time.perf_counter() - start
 
 
-def on_test(checkpoint_path: Path) -> tuple[float, float, np.ndarray, np.ndarray]:
+def on_test(checkpoint_path: Path) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
     """A checkpoint's top-1 on its run's test split, the share of the test photos its calibration calls like
     the training ones (its own views, its "unknown" threshold: the goal keeps ``keep_in_domain`` of them), its
-    calibrated probabilities (whose top class is its answer) and the labels."""
+    calibrated probabilities, the labels, and which photos its top class (of the logits) gets right."""
     model, checkpoint = load_model(checkpoint_path, ImageClassifier)
     model.eval()
     data = load_run_data(checkpoint_path, checkpoint, list(model.class_names), None, "the benchmark").datamodule
@@ -96,8 +96,9 @@ def on_test(checkpoint_path: Path) -> tuple[float, float, np.ndarray, np.ndarray
             logits.append(out)
             inside.append(model.calibration.in_domain(out, features))
     logits = torch.cat(logits)
-    top1 = float((logits.argmax(1).numpy() == labels).mean())
-    return top1, float(torch.cat(inside).float().mean()), model.calibration.probabilities(logits).numpy(), labels
+    right = logits.argmax(1).numpy() == labels
+    probabilities = model.calibration.probabilities(logits).numpy()
+    return float(right.mean()), float(torch.cat(inside).float().mean()), probabilities, labels, right
 
 
 def wilson(correct: int, total: int) -> list[float]:
@@ -163,10 +164,8 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
     # The folds as an ensemble: their calibrated probabilities averaged (the same test photos, in the same order).
     labels = fold_answers[0][3]
     ensemble_test = float((np.mean([answer[2] for answer in fold_answers], axis=0).argmax(1) == labels).mean())
-    single_test, single_kept, single_probabilities, _ = on_test(single_last)
-    final_test, final_kept, final_probabilities, _ = on_test(final_run / "checkpoints" / "final.ckpt")
-    single_right = single_probabilities.argmax(1) == labels
-    final_right = final_probabilities.argmax(1) == labels
+    single_test, single_kept, _, _, single_right = on_test(single_last)
+    final_test, final_kept, _, _, final_right = on_test(final_run / "checkpoints" / "final.ckpt")
     only_final, only_single = int((final_right & ~single_right).sum()), int((single_right & ~final_right).sum())
     low, high = float(top1["ci95_low"]), float(top1["ci95_high"])
     return {
