@@ -286,6 +286,12 @@ def test_the_held_out_split_is_stratified_seeded_and_disjoint():
     again = stratified_split(labels, (0.2, 0.1), seed=0)
     assert all(np.array_equal(a, b) for a, b in zip((train, val, test), again, strict=True))
     assert not np.array_equal(stratified_split(labels, (0.2, 0.1), seed=1)[1], val)
+    # The test split does not move with the validation share: a cross-validation (share 0) and a single-split run
+    # of one seed are tested on the same photos (where a class has images enough for every share).
+    labels = np.repeat(np.arange(3), [50, 10, 6])
+    test = stratified_split(labels, (0.2, 0.1), seed=0)[2]
+    for val_share in (0.0, 0.05, 0.3):
+        assert np.array_equal(stratified_split(labels, (val_share, 0.1), seed=0)[2], test)
 
 
 def test_the_random_resized_crop_keeps_shape_and_dtype_and_is_seeded():

@@ -15,7 +15,8 @@ shipped:
 - the final model (``--final all``: every photo, the folds' mean best epoch count, calibrated on the folds'
   out-of-fold answers): its top-1 on the test split, and the share of test photos it keeps as like the
   training ones (its "unknown" threshold was fitted on no image of its own; the goal is ``keep_in_domain``);
-- a single-split model (``main.py fit``, a tenth of each class validated): the same two figures;
+- a single-split model (``main.py fit``, a tenth of each class validated, the same test photos): the same
+  two figures;
 - each fold model's top-1 on the test split, and the k fold models' as an ensemble (their calibrated
   probabilities averaged).
 
@@ -42,6 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -78,10 +80,19 @@ def timed(command: list[str], cwd: Path) -> float:
     return time.perf_counter() - start
 
 
-def on_test(checkpoint_path: Path) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
-    """A checkpoint's top-1 on its run's test split, the share of the test photos its calibration calls like
-    the training ones (its own views, its "unknown" threshold: the goal keeps ``keep_in_domain`` of them), its
-    calibrated probabilities, the labels, and which photos its top class (of the logits) gets right."""
+class TestAnswers(NamedTuple):
+    """A checkpoint's answers on its run's test split, photo by photo (in ``names`` order)."""
+
+    top1: float
+    in_domain: float  # the share its calibration calls like the training photos (the goal: ``keep_in_domain``)
+    probabilities: np.ndarray  # calibrated, (photos, classes)
+    labels: np.ndarray
+    right: np.ndarray  # its top class (of the logits) is the label
+    names: list[str]  # each photo's file: what pairs two runs' answers
+
+
+def on_test(checkpoint_path: Path) -> TestAnswers:
+    """A checkpoint's answers on its run's test split, with its own views and its own "unknown" threshold."""
     model, checkpoint = load_model(checkpoint_path, ImageClassifier)
     model.eval()
     data = load_run_data(checkpoint_path, checkpoint, list(model.class_names), None, "the benchmark").datamodule
@@ -97,8 +108,26 @@ def on_test(checkpoint_path: Path) -> tuple[float, float, np.ndarray, np.ndarray
             inside.append(model.calibration.in_domain(out, features))
     logits = torch.cat(logits)
     right = logits.argmax(1).numpy() == labels
+    in_domain = float(torch.cat(inside).float().mean())
     probabilities = model.calibration.probabilities(logits).numpy()
-    return float(right.mean()), float(torch.cat(inside).float().mean()), probabilities, labels, right
+    return TestAnswers(float(right.mean()), in_domain, probabilities, labels, right, list(test.names))
+
+
+def paired(answers: list[TestAnswers], who: str) -> list[TestAnswers]:
+    """``answers`` in the first one's photo order: runs compared photo by photo must be tested on the same
+    photos (a single-split run draws the same test split as the folds: ``stratified_split``)."""
+    order = answers[0].names
+    aligned = [answers[0]]
+    for answer in answers[1:]:
+        if sorted(answer.names) != sorted(order):
+            sys.exit(f"error: {who} were tested on other photos than the cross-validation; they cannot be compared")
+        where = {name: index for index, name in enumerate(answer.names)}
+        index = np.array([where[name] for name in order])
+        aligned.append(
+            answer._replace(probabilities=answer.probabilities[index], labels=answer.labels[index],
+                            right=answer.right[index], names=order)
+        )  # fmt: skip
+    return aligned
 
 
 def wilson(correct: int, total: int) -> list[float]:
@@ -159,26 +188,29 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
     cv_fits = fit_seconds(runs)
     separate_fits = fit_seconds(fold_runs(separate_root)) if not args.accuracy_only else []
     final_run = runs.pop(None)
-    fold_answers = [on_test(run / "checkpoints" / "last.ckpt") for run in runs.values()]
-    fold_tests = [answer[0] for answer in fold_answers]
-    # The folds as an ensemble: their calibrated probabilities averaged (the same test photos, in the same order).
-    labels = fold_answers[0][3]
-    ensemble_test = float((np.mean([answer[2] for answer in fold_answers], axis=0).argmax(1) == labels).mean())
-    single_test, single_kept, _, _, single_right = on_test(single_last)
-    final_test, final_kept, _, _, final_right = on_test(final_run / "checkpoints" / "final.ckpt")
-    only_final, only_single = int((final_right & ~single_right).sum()), int((single_right & ~final_right).sum())
+    final, *fold_answers, single = paired(
+        [on_test(final_run / "checkpoints" / "final.ckpt")]
+        + [on_test(run / "checkpoints" / "last.ckpt") for run in runs.values()]
+        + [on_test(single_last)],
+        "the fold, final and single-split models",
+    )
+    # The folds as an ensemble: their calibrated probabilities averaged, photo by photo.
+    mean_probabilities = np.mean([answer.probabilities for answer in fold_answers], axis=0)
+    ensemble_test = float((mean_probabilities.argmax(1) == final.labels).mean())
+    only_final, only_single = int((final.right & ~single.right).sum()), int((single.right & ~final.right).sum())
     low, high = float(top1["ci95_low"]), float(top1["ci95_high"])
     return {
         "cv_top1": float(top1["mean"]), "cv_ci95": [low, high], "cv_std": float(top1["std"]),
-        "single_split_test_top1": single_test, "fold_models_test_top1": statistics.mean(fold_tests),
-        "final_model_test_top1": final_test, "fold_ensemble_test_top1": ensemble_test,
+        "single_split_test_top1": single.top1,
+        "fold_models_test_top1": statistics.mean(answer.top1 for answer in fold_answers),
+        "final_model_test_top1": final.top1, "fold_ensemble_test_top1": ensemble_test,
         "final_model_epochs": int(stored_entry(final_run / "checkpoints" / "final.ckpt", "cross_validation")["epochs"]),
-        "single_split_test_in_domain": single_kept, "final_model_test_in_domain": final_kept,
-        "single_split_test_inside_interval": low <= single_test <= high,
-        "final_model_test_inside_interval": low <= final_test <= high,
-        "test_images": len(labels),
-        "single_split_test_ci95": wilson(int(single_right.sum()), len(labels)),
-        "final_model_test_ci95": wilson(int(final_right.sum()), len(labels)),
+        "single_split_test_in_domain": single.in_domain, "final_model_test_in_domain": final.in_domain,
+        "single_split_test_inside_interval": low <= single.top1 <= high,
+        "final_model_test_inside_interval": low <= final.top1 <= high,
+        "test_images": len(final.labels),
+        "single_split_test_ci95": wilson(int(single.right.sum()), len(final.labels)),
+        "final_model_test_ci95": wilson(int(final.right.sum()), len(final.labels)),
         "only_final_model_right": only_final, "only_single_split_right": only_single,
         "final_vs_single_mcnemar_p": mcnemar(only_final, only_single),
         "seed": args.seed, "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds,

@@ -71,6 +71,8 @@ def stratified_split(labels: np.ndarray, fractions: tuple[float, float], seed: i
     """Row indices (train, val, test): each class split by ``fractions`` (val, test), seeded; one always trains.
 
     A class with at least two images gives at least one to each share asked for, so every class is validated.
+    The test rows do not depend on the validation share (``data.folds`` sets it to 0) where a class has images
+    enough for both, so a cross-validation and a single-split run of one seed are tested on the same photos.
     Multi-label rows are stratified by their rarest class (``strata``).
     """
     rng = np.random.default_rng(seed)
@@ -86,11 +88,12 @@ def stratified_split(labels: np.ndarray, fractions: tuple[float, float], seed: i
         while sum(counts) >= len(rows) and sum(counts) > 0:  # keep one to train on: take from test first
             last = max(index for index, count in enumerate(counts) if count > 0)
             counts[last] -= 1
-        val_end = counts[0]
-        test_end = val_end + counts[1]
-        parts[1].append(rows[:val_end])
-        parts[2].append(rows[val_end:test_end])
-        parts[0].append(rows[test_end:])
+        # The test rows are drawn first: the same photos whatever the validation share.
+        test_end = counts[1]
+        val_end = test_end + counts[0]
+        parts[2].append(rows[:test_end])
+        parts[1].append(rows[test_end:val_end])
+        parts[0].append(rows[val_end:])
     return tuple(np.sort(np.concatenate(part)) if part else np.zeros(0, np.int64) for part in parts)
 
 
