@@ -247,8 +247,17 @@ def test_an_int8_model_that_loses_too_much_is_not_written_and_an_earlier_export_
 
 @pytest.mark.slow
 @pytest.mark.every_render  # cross_validate.py's promise of a model to ship; seconds on the module's trained run
-def test_a_cross_validations_final_model_ships_in_fp32_when_int8_loses_too_much(trained, tmp_path, capsys):
+def test_a_cross_validations_final_model_ships_in_fp32_when_int8_loses_too_much(trained, tmp_path, capsys, monkeypatch):
     from classifier_engine.commands.cross_validate import export_final
+    from classifier_engine.machinery.export import artifacts
+
+    builds, build = [], artifacts.build
+
+    def counted(*args):
+        builds.append(args)
+        return build(*args)
+
+    monkeypatch.setattr(artifacts, "build", counted)
 
     final = tmp_path / "checkpoints" / "final.ckpt"  # where cross_validate.py leaves the final model
     final.parent.mkdir()
@@ -264,7 +273,8 @@ def test_a_cross_validations_final_model_ships_in_fp32_when_int8_loses_too_much(
     assert sorted(path.name for path in export.iterdir()) == ["model.card.json", "model.card.md", "model.onnx",
                                                               "model.pt2"]  # fmt: skip
     card = json.loads((export / "model.card.json").read_text())
-    assert card["evaluation"]["images"] > 0 and sorted(card["artifacts"]) == ["onnx", "pt2"]
+    assert card["evaluation"]["images"] > 0 and sorted(card["artifacts"]) == ["onnx", "pt2"] and not card["int8"]
+    assert len(builds) == 1  # the fp32 files int8 was judged against are the ones shipped, not built again
 
 
 @pytest.mark.slow  # the quick tier keeps one end-to-end export; this one runs with -m slow

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -159,18 +160,16 @@ def export_final(checkpoint: Path, model_class: type[L.LightningModule], export_
     out to judge it on). Where int8 loses more than export's limit, the model ships in fp32 (ONNX, .pt2) and one
     line says so: the command's product is a model to ship, and int8 can be tried again with export.py."""
     from ..machinery.export.artifacts import export_artifacts
-    from ..machinery.export.errors import Int8DropError
     from .export import parse_args as export_args
     from .export import report
 
-    asked = ["--ckpt_path", str(checkpoint), *export_options]
-    try:
-        exported = export_artifacts(export_args(asked), model_class)
-    except Int8DropError as error:
+    options = replace(export_args(["--ckpt_path", str(checkpoint), *export_options]), int8_optional=True)
+    exported = export_artifacts(options, model_class)
+    if exported.int8_left_out is not None:
+        error = exported.int8_left_out
         print(f"Final model: int8 left out: it loses {error.drop:.2f} points against fp32 on the test split (limit "
               f"{error.limit}); shipping ONNX and .pt2. To try int8 again: python export.py --ckpt_path {checkpoint} "
               "--calibration_method percentile", flush=True)  # fmt: skip
-        exported = export_artifacts(export_args([*asked, "--formats", "onnx,pt2"]), model_class)
     report(exported.card, exported.written)
 
 

@@ -77,6 +77,7 @@ class ExportOptions:
     alias: str | None = None
     tracking_uri: str | None = None
     trust: tuple[str, ...] = ()
+    int8_optional: bool = False  # int8 losing more than max_int8_drop is left out rather than failing the export
 
     def asked_formats(self) -> tuple[str, ...]:
         """The formats named, else all of them (``settled_formats`` leaves out what the run cannot judge)."""
@@ -94,6 +95,7 @@ class Exported:
     card: dict
     written: list[Path]
     examples: np.ndarray
+    int8_left_out: Int8DropError | None = None  # with ``int8_optional``: why int8 was not shipped
 
 
 @dataclass
@@ -314,7 +316,14 @@ def export_model(
         built, calibration = build(options, model, data, staged, Path(work))
         eager = evaluate(options, model, data, built) if data is not None else None
         thresholds = label_thresholds(model) if data is not None and np.ndim(data.held_out.labels) == 2 else None
-        int8 = int8_report(options, built, calibration, thresholds) if calibration is not None else None
+        int8, left_out = None, None
+        try:
+            int8 = int8_report(options, built, calibration, thresholds) if calibration is not None else None
+        except Int8DropError as error:
+            if not options.int8_optional:
+                raise
+            left_out = error  # the fp32 files are already built and judged: they ship without it
+            staged.drop(FILE_NAMES[built.pop("int8").name])
         shipped = {name: describe(artifact) for name, artifact in built.items() if name in options.formats}
         card = build_card(
             model,
@@ -327,4 +336,4 @@ def export_model(
             int8,
         )
         write_card(card, staged.path(CARD_JSON), staged.path(CARD_MARKDOWN))
-        return Exported(card, staged.commit(), example_images(data, model.image_size))
+        return Exported(card, staged.commit(), example_images(data, model.image_size), left_out)

@@ -37,6 +37,10 @@ class StagedFiles:
         self._staged[name] = Partial(self.folder / name)
         return self._staged[name].path
 
+    def drop(self, name: str) -> None:
+        """Leave ``folder/name`` out of the commit (a file built but not to be shipped); its temporary is removed."""
+        self._staged.pop(name).discard()
+
     def commit(self) -> list[Path]:
         """Rename every staged file to its final name; returns the final paths."""
         finals = [staged.commit() for staged in self._staged.values()]
