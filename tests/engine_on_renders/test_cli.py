@@ -221,6 +221,23 @@ def test_a_count_of_zero_lightning_would_divide_by_is_refused_before_the_run(tmp
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("key", ["callbacks", "callbacks+"])
+def test_a_stacked_config_that_replaces_the_callbacks_list_says_which_it_leaves_out(tmp_path, monkeypatch, caplog, key):
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"trainer:\n  {key}:\n    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n")
+    with pytest.raises(SystemExit):  # a refused count ends the command once the configs are stacked
+        main(ImageClassifier, default_config(), ["fit", "--config", str(mine), "--trainer.log_every_n_steps=0"])
+    notes = [message for message in caplog.messages if message.startswith("Note: ")]
+    if key == "callbacks+":  # appended to: nothing is left out
+        assert notes == []
+        return
+    (note,) = notes
+    assert note.startswith(f"Note: {mine} sets trainer.callbacks, which replaces the list before it and leaves out ")
+    assert "ModelCheckpoint" in note and "LearningRateMonitor" not in note
+    assert note.endswith(f"write trainer.callbacks+: in {mine} to add to that list instead")
+
+
 @pytest.mark.parametrize("preset", ["fast_dev_run", "debug"])
 def test_small_presets_stack_on_the_default_config(tmp_path, monkeypatch, preset):
     write_tiny_archive(tmp_path / "data")

@@ -19,6 +19,7 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from ..contract import check_model, check_model_class, linked_settings
@@ -29,6 +30,7 @@ from ..foundation.files import NoSpaceError
 from ..foundation.process_lifetime import exit_when_launcher_dies
 from .checkpoint_io import read_checkpoint
 from .checkpoint_trust import ClassTrust
+from .config_layers import config_files, replaced_callbacks_notes
 from .console_log import CONSOLE
 from .ending import end_early
 from .error_report import write_error_log
@@ -235,6 +237,10 @@ class TrainerCLI(LightningCLI):
 
     @override
     def before_instantiate_classes(self) -> None:
+        for note in replaced_callbacks_notes(
+            config_files(self.config[self.subcommand] if self.subcommand else self.config)
+        ):
+            rank_zero_info(note)
         if self.run is None:
             return
         self.run.place(self.config[self.subcommand].trainer)
