@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     add("--int8_symmetric", action="store_true", help="symmetric int8 activations, as TensorRT needs them")
     add("--max_int8_drop", type=float, help="most top-1 points int8 may lose against fp32 (default: %(default)s)")
     add("--eval_limit", type=int, help="evaluate the first N test images only (default: the whole split; 0: none)")
-    add("--eval_batch_size", type=int, help="images per evaluation batch (default: %(default)s)")
+    add("--eval_batch_size", type=int, help="images per evaluation batch; memory grows with it (default: %(default)s)")
     add("--opset", type=int, help="ONNX opset (default: the exporter's, at least 18)")
     add(
         "--tolerance",
