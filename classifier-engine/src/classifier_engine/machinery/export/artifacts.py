@@ -27,11 +27,12 @@ from .evaluation import (
     Predictor,
     agreement,
     all_logits,
+    all_outputs,
+    file_outputs,
     float32_error,
     judge,
     measure_parity,
     onnx_predictor,
-    score_predictor,
     torch_predictor,
 )
 from .model_card import CARD_JSON, CARD_MARKDOWN, build_card, write_card
@@ -220,11 +221,9 @@ def evaluate(
     thresholds = label_thresholds(model) if labels.ndim == 2 else None
     unknown_below = float(model.calibration.domain_threshold)
     for artifact in built.values():
-        artifact.logits = all_logits(artifact.predictor, images, options.eval_batch_size)
+        artifact.logits, scores = all_outputs(file_outputs(artifact.path), images, options.eval_batch_size)
         artifact.accuracy = judge(artifact.logits, labels, thresholds)
-        scorer = score_predictor(artifact.path)
-        if scorer is not None:  # the card's rule, counted on the file's own second output
-            scores = all_logits(scorer, images, options.eval_batch_size)
+        if scores is not None:  # the card's rule, counted on the file's own second output
             artifact.unlike_training = int((scores < unknown_below).sum())
     return judge(
         all_logits(torch_predictor(model.network().eval()), images, options.eval_batch_size), labels, thresholds

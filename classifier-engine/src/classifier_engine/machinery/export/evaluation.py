@@ -235,25 +235,40 @@ def onnx_predictor(path: Path, threads: int | None = None) -> Predictor:
     return lambda images: session.run([OUTPUT_NAME], {INPUT_NAME: images})[0]
 
 
-def score_predictor(path: Path) -> Predictor | None:
-    """The ``score`` output of an exported file (None where the file has none): what the card's rule reads."""
+def file_outputs(path: Path) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]]:
+    """Both outputs of an exported file from one pass: its logits and its ``score`` (None where the file has none),
+    what the card's rule reads."""
     if path.suffix == ".onnx":
         import onnxruntime
 
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        if SCORE_NAME not in [output.name for output in session.get_outputs()]:
-            return None
-        return lambda images: session.run([SCORE_NAME], {INPUT_NAME: images})[0]
-    exported = torch.export.load(str(path))
-    if len(exported.graph_signature.user_outputs) != 2:
-        return None
-    program = exported.module()
+        names = [OUTPUT_NAME, *(SCORE_NAME for output in session.get_outputs() if output.name == SCORE_NAME)]
 
-    def predict(images: np.ndarray) -> np.ndarray:
+        def from_onnx(images: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+            logits, *score = session.run(names, {INPUT_NAME: images})
+            return logits, score[0] if score else None
+
+        return from_onnx
+    program = torch.export.load(str(path)).module()
+
+    def from_program(images: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         with torch.inference_mode():
-            return program(torch.from_numpy(images))[1].float().numpy()
+            output = program(torch.from_numpy(images))
+        if isinstance(output, tuple):
+            return output[0].float().numpy(), output[1].float().numpy()
+        return output.float().numpy(), None
 
-    return predict
+    return from_program
+
+
+def all_outputs(
+    predict: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]], images: np.ndarray, batch_size: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``file_outputs`` for every image, ``batch_size`` at a time: the logits, and the scores where there are any."""
+    parts = [predict(np.array(images[start : start + batch_size])) for start in range(0, len(images), batch_size)]
+    logits = np.concatenate([part[0] for part in parts])
+    scores = None if not parts or parts[0][1] is None else np.concatenate([part[1] for part in parts])
+    return logits, scores
 
 
 def torch_predictor(module: torch.nn.Module) -> Predictor:
