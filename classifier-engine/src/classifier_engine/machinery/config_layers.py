@@ -1,8 +1,9 @@
 """What a stack of configs does to the callbacks list: a later ``trainer.callbacks:`` replaces the list before it.
 
 jsonargparse replaces a list that a later config names again (``trainer.callbacks+:`` appends instead), so a
-user's config that adds one callback silently drops the project's checkpointing, EMA and reports. The command
-says which, before the run, where the user can still change a word.
+user's config meant to add one callback silently drops the project's checkpointing, EMA and reports. The command
+says which callbacks go, before the run; a whole config that means to replace the list (another dataset's) is
+told the same, which is as true for it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def config_files(config: Any) -> list[os.PathLike | str]:
 def replaced_callbacks_notes(files: Iterable[os.PathLike | str]) -> list[str]:
     """One line per config whose callbacks list replaces the one before it (what ``replaced_callbacks`` finds)."""
     return [
-        f"Note: {file} sets trainer.callbacks, which replaces the list before it and leaves out "
-        f"{', '.join(left_out)}; write trainer.callbacks+: in {file} to add to that list instead"
+        f"Note: the trainer.callbacks list of {file} replaces the one before it, so {', '.join(left_out)} "
+        f"{'is' if len(left_out) == 1 else 'are'} not used (trainer.callbacks+: adds to a list instead)"
         for file, left_out in replaced_callbacks(files)
     ]
