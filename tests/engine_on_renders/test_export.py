@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -241,6 +242,10 @@ def test_an_int8_model_that_loses_too_much_is_not_written_and_an_earlier_export_
     assert result.returncode == 1, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: the int8 model loses ") and "limit --max_int8_drop 0.0" in line
+    lost = re.search(r"\(([\d.]+) % vs ([\d.]+) % on (\d+) test images, (\d+) fewer right;", line)
+    assert lost, line  # the photos behind the points: on a small split one photo is a point or more
+    int8, fp32, images, fewer = float(lost[1]), float(lost[2]), int(lost[3]), int(lost[4])
+    assert fewer >= 1 and round(fp32 * images / 100) - round(int8 * images / 100) == fewer
     assert "--calibration_images" in line and "--calibration_method" in line
     assert snapshot(exported) == before  # the earlier files byte for byte, no partial file
 

@@ -245,11 +245,14 @@ def int8_report(
     }
     if drop > options.max_int8_drop:
         measure = fp32.accuracy.measure
+        fewer = getattr(fp32.accuracy, "top1_correct", 0) - getattr(int8.accuracy, "top1_correct", 0)
+        counted = f", {fewer} fewer right" if thresholds is None else ""  # a small split: a photo is a point or more
         raise Int8DropError(
             f"the int8 model loses {drop:.2f} points of {measure} against fp32 ({100 * int8.accuracy.headline:.2f} % "
-            f"vs {100 * fp32.accuracy.headline:.2f} % on {fp32.accuracy.images} test images; limit --max_int8_drop "
-            f"{options.max_int8_drop}); nothing was written: try more --calibration_images (now {calibration.images}), "
-            "another --calibration_method (minmax, percentile, entropy), or ship fp32 with --formats onnx,pt2",
+            f"vs {100 * fp32.accuracy.headline:.2f} % on {fp32.accuracy.images} test images{counted}; limit "
+            f"--max_int8_drop {options.max_int8_drop}); nothing was written: try more --calibration_images (now "
+            f"{calibration.images}), another --calibration_method (minmax, percentile, entropy), or ship fp32 with "
+            "--formats onnx,pt2",
             drop,
             options.max_int8_drop,
         )
