@@ -243,6 +243,7 @@ def test_the_cross_validation_benchmark_sets_its_estimate_against_a_held_out_spl
     for name in ("single_split", "final_model"):  # the test split's own interval holds its figure
         test_low, test_high = row[f"{name}_test_ci95"]
         assert 0 <= test_low <= row[f"{name}_test_top1"] <= test_high <= 1 and test_high - test_low > 0
+        assert row[f"cv_inside_{name}_test_ci95"] == (test_low <= row["cv_top1"] <= test_high)
     gained = row["only_final_model_right"] - row["only_single_split_right"]
     assert gained == round((row["final_model_test_top1"] - row["single_split_test_top1"]) * row["test_images"])
     assert 0 < row["final_vs_single_mcnemar_p"] <= 1

@@ -26,7 +26,8 @@ ratio (the cross-validation without its final model against k separate fits, eac
 other: on a shared machine drift weighs on it, so compare it over runs, or time the two commands in turn;
 each fold's fit time, both ways, shows whether the folds themselves differ). The last line is one JSON
 object of every figure, with what the test split's own size allows: each test top-1's 95 % (Wilson)
-interval, and the photos only the final or only the single-split model gets right, with McNemar's exact p.
+interval, and whether the estimate lies inside it (the folds' interval leaves the test split's own noise
+out), and the photos only the final or only the single-split model gets right, with McNemar's exact p.
 ``--quick`` (what the tests run) checks the script works on generated photos from random weights; its figures
 mean nothing.
 """
@@ -199,6 +200,8 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
     ensemble_test = float((mean_probabilities.argmax(1) == final.labels).mean())
     only_final, only_single = int((final.right & ~single.right).sum()), int((single.right & ~final.right).sum())
     low, high = float(top1["ci95_low"]), float(top1["ci95_high"])
+    single_interval = wilson(int(single.right.sum()), len(single.labels))
+    final_interval = wilson(int(final.right.sum()), len(final.labels))
     return {
         "cv_top1": float(top1["mean"]), "cv_ci95": [low, high], "cv_std": float(top1["std"]),
         "single_split_test_top1": single.top1,
@@ -209,8 +212,10 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
         "single_split_test_inside_interval": low <= single.top1 <= high,
         "final_model_test_inside_interval": low <= final.top1 <= high,
         "test_images": len(final.labels),
-        "single_split_test_ci95": wilson(int(single.right.sum()), len(final.labels)),
-        "final_model_test_ci95": wilson(int(final.right.sum()), len(final.labels)),
+        "single_split_test_ci95": single_interval, "final_model_test_ci95": final_interval,
+        # The other way round: the estimate inside what the test split's own size allows of each test figure.
+        "cv_inside_single_split_test_ci95": single_interval[0] <= float(top1["mean"]) <= single_interval[1],
+        "cv_inside_final_model_test_ci95": final_interval[0] <= float(top1["mean"]) <= final_interval[1],
         "only_final_model_right": only_final, "only_single_split_right": only_single,
         "final_vs_single_mcnemar_p": mcnemar(only_final, only_single),
         "seed": args.seed, "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds,
