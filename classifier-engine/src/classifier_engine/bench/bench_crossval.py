@@ -121,7 +121,10 @@ def paired(answers: list[TestAnswers], who: str) -> list[TestAnswers]:
     aligned = [answers[0]]
     for answer in answers[1:]:
         if sorted(answer.names) != sorted(order):
-            sys.exit(f"error: {who} were tested on other photos than the cross-validation; they cannot be compared")
+            sys.exit(
+                f"error: {who} were tested on different photos, so they cannot be compared; the data module "
+                "must draw one test split for every validation share (stratified_split does)"
+            )
         where = {name: index for index, name in enumerate(answer.names)}
         index = np.array([where[name] for name in order])
         aligned.append(
