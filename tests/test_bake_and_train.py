@@ -27,8 +27,12 @@ ON_RENDERS = Path(__file__).resolve().parent / "engine_on_renders"
 # images), the Kubeflow job's command as two nodes and the Dockerfile's commands. Their other slow tests (the
 # kill-and-resume matrix, sweeps, trackers, the fast recipe) run with `pytest -m slow` in tests/engine_on_renders/:
 # here they would take CI past its time. Each suite has a time budget (seconds on 2 cores): a hang fails it
-# without waiting for the CI limit.
-ENGINE_SUITE = (["-m", "not slow or every_render"], 3000)
+# without waiting for the CI limit. The engine's run in two processes (pytest-xdist, a module to a process for its
+# module-scoped runs), each subprocess on one CPU thread: its commands spend much of their time starting (importing
+# torch and Lightning, on one core), and one thread each keeps two training runs from fighting over both cores
+# (31 minutes in turn, 20 so, on this repository's 2-core machine).
+ENGINE_SUITE = (["-m", "not slow or every_render", "-n", "2", "--dist", "loadfile"], 3000)
+ENGINE_ENV = {"OMP_NUM_THREADS": "1"}
 # The only reasons a test may be skipped: no GPU, no browser for the TensorBoard pages, no mount namespace.
 ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium", "no private mount namespace")
 # Each render is installed with its lock, passes its own tests (a plain `pytest`, under 2 minutes) and trains
@@ -49,6 +53,10 @@ def run(*command: str, cwd: Path, timeout: float = 900, env: dict | None = None)
         f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     )
     return result
+
+
+def tail(log: Path, lines: int = 60) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
 def pip(*args: str, cwd: Path) -> None:
@@ -80,8 +88,25 @@ def installed(bake, request):
 
 
 def run_suite(folder: Path, pytest_args: list[str], budget: float, report: Path, env: dict | None = None) -> None:
-    run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *pytest_args,
-        cwd=folder, timeout=budget, env=env)  # fmt: skip
+    """A suite's pytest with its output in a log beside its report: past its budget it fails with the log's last
+    lines (the tests it had finished, on each process) and its slowest tests, not only the time."""
+    log = report.with_suffix(".log")
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"--junitxml={report}",
+               "--durations=25", *pytest_args]  # fmt: skip
+    with log.open("w") as output:
+        try:
+            result = subprocess.run(
+                command,
+                cwd=folder,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                timeout=budget,
+                env={**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", **(env or {})},
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{folder.name}'s tests ran past their {budget} s; the last lines:\n{tail(log)}")
+    assert result.returncode == 0, f"{folder.name}'s tests exited {result.returncode}:\n{tail(log)}"
+    print(tail(log, 40))  # the slowest tests, in this test's captured output
     suite = ElementTree.parse(report).getroot().find("testsuite")
     assert int(suite.get("failures")) == 0 and int(suite.get("errors")) == 0 and int(suite.get("tests")) > 0
     for case in suite.iter("testcase"):  # a test may be skipped only for a machine it cannot run on
@@ -124,7 +149,8 @@ def test_the_built_wheel_passes_its_own_suite_alone_and_the_engine_suite_with_bo
         # Both renders (their own dependencies: timm, ...) over it, and the engine's suite with them.
         pip("-c", str(lock), "-e", str(cifar), "-e", str(photos), cwd=tmp_path)
         projects = os.pathsep.join([str(cifar), str(photos)])
-        run_suite(ON_RENDERS, *ENGINE_SUITE, tmp_path / "engine.xml", env={"ENGINE_TEST_PROJECTS": projects})
+        env = {**ENGINE_ENV, "ENGINE_TEST_PROJECTS": projects}
+        run_suite(ON_RENDERS, *ENGINE_SUITE, tmp_path / "engine.xml", env=env)
     finally:
         uninstall("classifier-engine", cifar.name, photos.name)
 

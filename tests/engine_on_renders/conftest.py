@@ -3,9 +3,10 @@
 The library's own suite (classifier-engine/tests) needs no project; these run the engine through the
 commands, models and configs a render gives its user, so they belong to the template.
 
-Both are rendered from this repository's template once per session (or taken from ``ENGINE_TEST_PROJECTS``,
-two folders separated by ``os.pathsep``: a CIFAR render, then a photo render) and made importable here and in
-every CLI subprocess, as installed projects are. The library itself is the installed one.
+Both are rendered from this repository's template once per session, once per process under ``pytest -n N`` (or
+taken from ``ENGINE_TEST_PROJECTS``, two folders separated by ``os.pathsep``: a CIFAR render, then a photo render)
+and made importable here and in every CLI subprocess, as installed projects are. The library itself is the
+installed one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 from classifier_engine.data.cifar_format import FORMATS
 from classifier_engine.testing import (  # noqa: F401  (for the tests)
@@ -43,6 +46,9 @@ def rendered_projects() -> tuple[Path, Path]:
     from cookiecutter.main import cookiecutter
 
     output = Path(os.environ.get("ENGINE_TEST_RENDERS", HERE / ".renders"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # pytest -n N: each process renders its own pair
+    if worker:
+        output = output / worker
     config = output / "cookiecutterrc.yaml"
     output.mkdir(parents=True, exist_ok=True)
     config.write_text(f"cookiecutters_dir: {output / 'clones'}\nreplay_dir: {output / 'replay'}\n")
@@ -91,6 +97,18 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def no_tracking_uri_from_an_earlier_test(monkeypatch):
+    """``mlflow.set_tracking_uri`` (the registry, run in-process) exports MLFLOW_TRACKING_URI to every later
+    subprocess: an export would register into another test's store, its artifacts in this folder. Each test
+    starts without one, and leaves none."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield
+    mlflow = sys.modules.get("mlflow")  # None where a test hides it
+    if mlflow is not None:
+        mlflow.set_tracking_uri(None)
 
 
 def cli_env(**extra: str) -> dict[str, str]:
