@@ -213,7 +213,11 @@ def test_a_killed_loader_worker_is_named_and_the_run_resumes(work):
     assert_reported(work, run_dir, line, "DataLoader worker")
 
     resumed = resume(work, *killing)
-    assert f"for {20 - saved} steps this session" in resumed.stdout and "last.ckpt (step 20)" in resumed.stdout
+    assert "last.ckpt (step 20)" in resumed.stdout
+    if saved < 20:
+        assert f"for {20 - saved} steps this session" in resumed.stdout
+    else:  # on a busy machine the loader may see the lost worker only once the epoch's batches are all in
+        assert "Nothing left to train" in resumed.stdout
 
 
 @pytest.mark.parametrize(
