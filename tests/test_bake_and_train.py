@@ -30,7 +30,7 @@ ON_RENDERS = Path(__file__).resolve().parent / "engine_on_renders"
 # without waiting for the CI limit. The engine's run in two processes (pytest-xdist, a module to a process for its
 # module-scoped runs), each subprocess on one CPU thread: its commands spend much of their time starting (importing
 # torch and Lightning, on one core), and one thread each keeps two training runs from fighting over both cores
-# (31 minutes in turn, 20 so, on this repository's 2-core machine).
+# (31 minutes in turn on 2 CPU cores, 18 to 20 so).
 ENGINE_SUITE = (["-m", "not slow or every_render", "-n", "2", "--dist", "loadfile"], 3000)
 ENGINE_ENV = {"OMP_NUM_THREADS": "1"}
 # The only reasons a test may be skipped: no GPU, no browser for the TensorBoard pages, no mount namespace.
