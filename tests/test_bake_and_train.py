@@ -46,9 +46,13 @@ RENDERS = [
 OWN_SUITE_BUDGET = 120
 
 
+def child_env(env: dict | None) -> dict:
+    """This process's environment for a command, ``env`` on top."""
+    return {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", **(env or {})}
+
+
 def run(*command: str, cwd: Path, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", **(env or {})}
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=child_env(env))
     assert result.returncode == 0, (
         f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     )
@@ -101,7 +105,7 @@ def run_suite(folder: Path, pytest_args: list[str], budget: float, report: Path,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 timeout=budget,
-                env={**os.environ, "PYTHONWARNINGS": "ignore::FutureWarning", **(env or {})},
+                env=child_env(env),
             )
         except subprocess.TimeoutExpired:
             pytest.fail(f"{folder.name}'s tests ran past their {budget} s; the last lines:\n{tail(log)}")
