@@ -144,7 +144,7 @@ def final_model(
     checkpoint = final.calibrate_final(cli, run_dir, folds, summary, epochs)
     exported_to = checkpoint.parent / "export"
     if not final.exported_from(exported_to, "checkpoint_sha256", sha256(checkpoint)):
-        export_final(checkpoint, model_class)
+        export_final(checkpoint, model_class, default_config, fit_options)
     print(f"Final model: {checkpoint} (calibrated on the folds' out-of-fold answers), exported to {exported_to}",
           flush=True)  # fmt: skip
     return [
@@ -155,7 +155,13 @@ def final_model(
     ]
 
 
-def export_final(checkpoint: Path, model_class: type[L.LightningModule], export_options: tuple[str, ...] = ()) -> None:
+def export_final(
+    checkpoint: Path,
+    model_class: type[L.LightningModule],
+    default_config: Path,
+    fit_options: list[str],
+    export_options: tuple[str, ...] = (),
+) -> None:
     """Export the final model in export's default formats (with no test split, int8 is left out: nothing is held
     out to judge it on). Where int8 loses more than export's limit, the model ships in fp32 (ONNX, .pt2) and one
     line says so: the command's product is a model to ship, and int8 can be tried again with export.py."""
@@ -164,7 +170,7 @@ def export_final(checkpoint: Path, model_class: type[L.LightningModule], export_
     from .export import report
 
     options = replace(export_args(["--ckpt_path", str(checkpoint), *export_options]), int8_optional=True)
-    exported = export_artifacts(options, model_class)
+    exported = export_artifacts(options, model_class, default_config, tuple(fit_options))
     if exported.int8_left_out is not None:
         error = exported.int8_left_out
         print(f"Final model: int8 left out: it loses {error.drop:.2f} points against fp32 on the test split (limit "
@@ -174,7 +180,12 @@ def export_final(checkpoint: Path, model_class: type[L.LightningModule], export_
 
 
 def ensemble_model(
-    model_class: type[L.LightningModule], folds: list, summary: dict, output: Path
+    model_class: type[L.LightningModule],
+    default_config: Path,
+    fit_options: list[str],
+    folds: list,
+    summary: dict,
+    output: Path,
 ) -> list[tuple[str, str]]:
     """``--final ensemble``: the fold models as one exported graph (machinery/fold_ensemble.py), in ``output``;
     what the report names."""
@@ -189,11 +200,11 @@ def ensemble_model(
     checkpoints = [fold.run_dir / "checkpoints" / "last.ckpt" for fold in folds]
     sources = ensembles.member_sources(checkpoints)
     if not exported_from(output, "ensemble_of", sources):
-        loaded = [load_model(path, model_class) for path in checkpoints]
-        ensemble = ensembles.FoldEnsemble([model for model, _ in loaded])
-        checkpoint = ensembles.ensemble_checkpoint(loaded[0][1], ensemble, figures_record(summary, len(folds), None),
-                                                   sources)  # fmt: skip
-        data = load_run_data(checkpoints[0], loaded[0][1], ensemble.class_names, None, "evaluation on the test split")
+        loaded = [load_model(path, model_class, default_config, fit_options) for path in checkpoints]
+        ensemble = ensembles.FoldEnsemble([member.model for member in loaded])
+        checkpoint = ensembles.ensemble_checkpoint(loaded[0].checkpoint, ensemble,
+                                                   figures_record(summary, len(folds), None), sources)  # fmt: skip
+        data = load_run_data(loaded[0], checkpoints[0], ensemble.class_names, None, "evaluation on the test split")
         judged = data.held_out.split == "test"  # else the held-out images are fold 0's, which the others trained on
         options = export_args(["--ckpt_path", str(checkpoints[0]), "--output_dir", str(output)])
         check_options(options)
@@ -224,7 +235,7 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
                 shipped = final_model(options, fit_options, model_class, default_config, folds, summary)
             else:
                 shipped = (
-                    ensemble_model(model_class, folds, summary, output / "ensemble")
+                    ensemble_model(model_class, default_config, fit_options, folds, summary, output / "ensemble")
                     if launched_as_rank_zero()
                     else None
                 )

@@ -27,7 +27,7 @@ def run_export(model_class: type[L.LightningModule], default_config: Path) -> No
     """
     from . import export
 
-    sys.exit(export.main(model_class, project_name(default_config)))
+    sys.exit(export.main(model_class, project_name(default_config), default_config=default_config))
 
 
 def run_sweep(model_class: type[L.LightningModule], default_config: Path) -> None:

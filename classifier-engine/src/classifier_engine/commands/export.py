@@ -65,11 +65,12 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
         "least 1); default: 1e-4, or ten times the network's own float32 rounding error where that is more",
     )
     add(
-        "--trust",
-        metavar="CLASS",
+        "--config",
+        metavar="FILE",
         action="append",
-        type=str,
-        help="a class the checkpoint may name beyond the project's and the stated packages' (repeatable; SECURITY.md)",
+        type=Path,
+        help="a config that builds the model and the data, as main.py's --config (repeatable; default: the project's "
+        "own). A config is code: pass a run's config.yaml only if you trust it (SECURITY.md)",
     )
     add("--register", metavar="NAME", help="register the ONNX files in MLflow as NAME (fp32) and NAME-int8")
     add("--alias", help="point this alias of the registered models at the new versions, e.g. candidate")
@@ -78,14 +79,20 @@ def parse_args(argv: list[str] | None = None) -> ExportOptions:
     parser.set_defaults(
         **{field.name: field.default for field in fields(ExportOptions) if field.default is not MISSING}
     )
-    parser.set_defaults(trust=None)  # argparse appends to the default's list
+    parser.set_defaults(config=None)  # argparse appends to the default's list
     options = vars(parser.parse_args(argv))
-    options["trust"] = tuple(options["trust"] or ())
+    options["config"] = tuple(options["config"] or ())
     return ExportOptions(**options)
 
 
-def main(model_class: type[L.LightningModule], experiment: str, argv: list[str] | None = None) -> int:
-    """``python export.py ...`` of the project's LightningModule; ``experiment``: MLflow's, for --register."""
+def main(
+    model_class: type[L.LightningModule],
+    experiment: str,
+    argv: list[str] | None = None,
+    default_config: Path | None = None,
+) -> int:
+    """``python export.py ...`` of the project's LightningModule; ``experiment``: MLflow's, for --register;
+    ``default_config``: the project's, which builds the model (``--config`` files go on top)."""
     silence_known_noise()
     options = parse_args(argv)
     try:
@@ -95,9 +102,11 @@ def main(model_class: type[L.LightningModule], experiment: str, argv: list[str] 
             if not {"onnx", "int8"} & set(options.asked_formats()):
                 raise ExportError("--register registers the ONNX files; add onnx or int8 to --formats")
             check_request(options.register, options.alias)
-            options = replace(options, tracking_uri=options.tracking_uri or default_tracking_uri(options.ckpt_path))
+            options = replace(
+                options, tracking_uri=options.tracking_uri or default_tracking_uri(options.ckpt_path, options.config)
+            )
             check_registry(options.tracking_uri)
-        exported = export_artifacts(options, model_class)
+        exported = export_artifacts(options, model_class, default_config)
     except Exception as error:  # a user's mistake or a failed check: one line (FULL_ERROR=1: the traceback)
         exit_with(error)
     report(exported.card, exported.written)
@@ -105,7 +114,7 @@ def main(model_class: type[L.LightningModule], experiment: str, argv: list[str] 
         try:
             versions = register(
                 options.register, options.alias, options.tracking_uri, options.ckpt_path, options.folder(),
-                exported.card, exported.examples, experiment,
+                exported.card, exported.examples, experiment, options.config,
             )  # fmt: skip
         except Exception as error:
             exit_with(error)

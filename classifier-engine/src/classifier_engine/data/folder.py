@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 import numpy as np
@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from ..foundation.errors import check_choice
 from ..foundation.files import writable
+from ..foundation.plain_values import NAME
 from .datamodule import ImageDataModule
 from .dataset import MemmapBatches
 from .errors import DataError, DataSettingError
@@ -390,6 +391,14 @@ class ImageFolderDataModule(ImageDataModule):
         """
         if self.held_out_rows and self.rows_of == packed.root.name:
             val_rows, test_rows = self.held_out_rows["val"], self.held_out_rows["test"]
+            held_out = np.concatenate([val_rows, test_rows])
+            if len(held_out) and (
+                held_out.min() < 0 or held_out.max() >= len(labels) or len(np.unique(held_out)) < len(held_out)
+            ):
+                raise DataSettingError(
+                    f"the checkpoint's held-out rows do not index the {len(labels)} training images of {packed.root} "
+                    "once each; pass the packed copy the run trained on"
+                )
             train_rows = np.setdiff1d(np.arange(len(labels)), np.concatenate([val_rows, test_rows]))
             return train_rows, val_rows, test_rows
         # With data.folds, the fold held out is the validation split: no share of the images is set aside for it.
@@ -441,16 +450,27 @@ class ImageFolderDataModule(ImageDataModule):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The recorded packed copy and split, read by a DataModule rebuilt from the checkpoint before its setup.
+        """The recorded packed copy and split, read by a DataModule rebuilt for a checkpoint before its setup.
 
-        A resumed fit restores the state after its setup, from the same images split the same way (the
-        run's identity holds the manifest and the split settings), so nothing changes there.
+        A checkpoint is data: of the packed copy it records only the folder's name is taken (a name, never a
+        path), looked up under this DataModule's own ``cache_dir``; the rows it held out are checked against
+        that copy in ``_split_rows``. A resumed fit restores the state after its setup, from the same images
+        split the same way (the run's identity holds the manifest and the split settings), so nothing
+        changes there.
         """
-        if "packed_copy" not in state_dict:
+        recorded = state_dict.get("packed_copy")
+        if not isinstance(recorded, str):
             return
+        name = PurePath(recorded.replace("\\", "/")).name
+        if not NAME.fullmatch(name) or name in (".", ".."):
+            raise DataSettingError(f"the checkpoint's packed copy {name!r} is not the name of a packed copy")
         if self.recorded_copy is None:
-            self.recorded_copy = Path(state_dict["packed_copy"])
+            self.recorded_copy = self.cache_dir / name
         rows = state_dict.get("held_out_rows")
-        if rows is not None:  # checkpoints of earlier releases recorded no rows: the split is derived as they did
+        if isinstance(rows, dict) and set(rows) == {"val", "test"}:  # earlier releases recorded no rows
+            if not all(
+                torch.is_tensor(value) and value.ndim == 1 and value.dtype == torch.int64 for value in rows.values()
+            ):
+                raise DataSettingError("the checkpoint's held-out rows are not lists of image rows")
             self.held_out_rows = {name: value.numpy() for name, value in rows.items()}
-            self.rows_of = Path(state_dict["packed_copy"]).name
+            self.rows_of = name

@@ -9,9 +9,12 @@ that loads the exported file resizes and normalizes by it. A checkpoint written 
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ..foundation.plain_values import admits
+from .errors import DataSettingError
 from .image_files import Interpolation, Resize
 
 # ImageNet's statistics: close to those of most photo collections, and what pretrained weights expect.
@@ -19,6 +22,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 CHECKPOINT_KEY = "preprocessing"
+MAX_IMAGE_SIZE = 8192  # the largest side a record may state: a bound on what a file can make a command allocate
 RESIZE_RULES = {
     "crop": "shorter side scaled to {scaled} px ({interpolation}, antialiased), then the centre {size}x{size} square",
     "pad": "longer side scaled to {size} px ({interpolation}, antialiased), then padded with black to {size}x{size}",
@@ -41,7 +45,20 @@ class Preprocessing:
         return {**asdict(self), "mean": list(self.mean), "std": list(self.std)}
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Preprocessing:
+    def from_dict(cls, values: Any) -> Preprocessing:
+        """The record from plain data of a file (a checkpoint, a card), each value checked against its field's type.
+
+        Raises ``DataSettingError`` naming the field that is missing, not plain data of its type, or out of range.
+        """
+        if not isinstance(values, dict):
+            raise DataSettingError("the preprocessing record is not a set of values")
+        hints = typing.get_type_hints(cls)
+        for field in fields(cls):
+            value = values.get(field.name)
+            if not admits(hints[field.name], value, "literals"):
+                raise DataSettingError(f"the preprocessing record's {field.name} is not a {hints[field.name]}")
+        if not 1 <= values["image_size"] <= MAX_IMAGE_SIZE or not 0 < values["crop_pct"] <= 1:
+            raise DataSettingError("the preprocessing record's image_size or crop_pct is out of range")
         known = {field.name: values[field.name] for field in fields(cls)}
         return cls(**{**known, "mean": tuple(known["mean"]), "std": tuple(known["std"])})
 
@@ -57,14 +74,16 @@ class Preprocessing:
         size = model.get("image_size") or data.get("image_size")
         if size is None or model.get("mean") is None or model.get("std") is None:
             return None
-        return cls(
-            image_size=int(size),
-            # 1.0's CIFAR DataModule did not save its rule (stretch: CIFAR's images were made so); the others did.
-            resize=data.get("resize") or ("stretch" if "dataset" in data else "crop"),
-            interpolation=data.get("interpolation") or "bilinear",
-            crop_pct=float(data.get("crop_pct") or 1.0),
-            mean=tuple(model["mean"]),
-            std=tuple(model["std"]),
+        return cls.from_dict(
+            {
+                "image_size": size,
+                # 1.0's CIFAR DataModule did not save its rule (stretch: CIFAR's images were made so); the others did.
+                "resize": data.get("resize") or ("stretch" if "dataset" in data else "crop"),
+                "interpolation": data.get("interpolation") or "bilinear",
+                "crop_pct": data.get("crop_pct") or 1.0,
+                "mean": model["mean"],
+                "std": model["std"],
+            }
         )
 
     def resize_rule(self) -> str:

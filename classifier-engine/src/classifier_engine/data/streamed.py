@@ -438,7 +438,12 @@ class StreamedImageDataModule(ImageDataModule):
                 "point data.source at that one"
             )
         segment = state_dict.get("segment")
-        self.restored_segment = stream_position.Segment.from_dict(segment) if segment else None
+        try:
+            self.restored_segment = stream_position.Segment.from_dict(segment) if segment else None
+        except (TypeError, KeyError, ValueError, AttributeError) as error:
+            raise DataSettingError(
+                f"the checkpoint's stream position is not one this project writes ({error})"
+            ) from error
 
 
 # The folder DataModule's settings a store fixed when pack.py packed it (its split, the packing), or that name the

@@ -29,7 +29,14 @@ from ..foundation.errors import UsageError, UserError, exit_with, full_error_wan
 from ..foundation.files import NoSpaceError
 from ..foundation.process_lifetime import exit_when_launcher_dies
 from .checkpoint_io import read_checkpoint
-from .checkpoint_trust import ClassTrust
+from .checkpoint_values import (
+    SCHEMA_PACKAGES,
+    check_fits,
+    labels_and_task,
+    package_of,
+    refusal,
+    settings_to_take,
+)
 from .config_layers import config_files, replaced_callbacks_notes
 from .console_log import CONSOLE
 from .ending import end_early
@@ -127,19 +134,28 @@ def check_counts(trainer: Namespace) -> None:
 class TrainerCLI(LightningCLI):
     """``python main.py {fit,validate,test,predict} [--config configs/...yaml] ...``."""
 
-    def __init__(self, model_class: type[L.LightningModule], default_config: Path | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_class: type[L.LightningModule],
+        default_config: Path | None = None,
+        checkpoint: tuple[Path, dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         """``model_class``: the project's LightningModule (``model:`` in the configs are its arguments).
 
         ``default_config``: the YAML every subcommand starts from, so a bare command has the full setup.
 
         With ``run=False`` (no subcommand) it only builds the data, the model and the trainer from the
-        config (``cli.datamodule``, ``cli.model``, ``cli.trainer``), e.g. in a notebook or a benchmark.
+        config (``cli.datamodule``, ``cli.model``, ``cli.trainer``), e.g. in a notebook or a benchmark;
+        ``checkpoint`` (its path and the dict read from it once): the settings of the model and the data that
+        trained it are taken from it as ``checkpoint_values`` admits them, so that its weights fit.
         """
         silence_known_noise()
         check_model_class(model_class)
-        # The classes a checkpoint may name (a checkpoint is data): the project's, the stated packages', and
-        # from _parse_ckpt_path on, every class the command's own config names.
-        self.class_trust = ClassTrust().for_project(model_class)
+        # Whose classes a checkpoint's class spec may name (checkpoint_values' strict schema): the stated
+        # packages' and the project's own.
+        self.schema_packages = (*SCHEMA_PACKAGES, *package_of(model_class))
+        self.checkpoint_read: tuple[Path, dict[str, Any]] | None = checkpoint
         CONSOLE.detach()  # a new command (a sweep's next trial) records into its own run
         runs = kwargs.get("run", True)
         kwargs.setdefault("save_config_callback", RunRecord if runs else None)
@@ -188,6 +204,9 @@ class TrainerCLI(LightningCLI):
         subcommand = self.config.get("subcommand")  # self.subcommand is set only after this runs
         if subcommand is None:  # run=False: nothing is resumed or written
             self.run = None
+            if self.checkpoint_read is not None:
+                fill_expected_input(self.config)
+                self._take_checkpoint_settings(self.parser, self.config, *self.checkpoint_read, data_settings=True)
             return
         config = self.config[subcommand]
         check_user_parts(config.trainer)
@@ -196,17 +215,19 @@ class TrainerCLI(LightningCLI):
         data = data_fingerprint(subcommand, config.data)
         own_config = resolved_config(parser, config)
         identity = RunIdentity.of(own_config, data)
-        self.class_trust = self.class_trust.naming(own_config)
         experiment = experiment_dir(config.trainer)
         allow_fresh_start = subcommand == "fit" and config.allow_fresh_start
         checkpoint = resolve_checkpoint(subcommand, config.ckpt_path, experiment, identity, allow_fresh_start)
-        stored = read_checkpoint(checkpoint, self.class_trust) if isinstance(checkpoint, Path) else {}
+        stored = read_checkpoint(checkpoint) if isinstance(checkpoint, Path) else {}
+        if isinstance(checkpoint, Path):
+            self.checkpoint_read = (checkpoint, stored)  # read once: Lightning's restore gets this very dict
         config.ckpt_path = str(checkpoint) if checkpoint is not None else None
         if subcommand != "fit":
-            # Evaluation takes the model's settings from the checkpoint (Lightning's behaviour). A resumed
-            # fit does not: its config is compared with the checkpoint's instead, and changes are refused
-            # unless allowed, so a change is never silently undone.
-            self._take_model_settings(subcommand, stored)
+            # Evaluation takes the model's settings from the checkpoint, as checkpoint_values admits them. A
+            # resumed fit does not: its config is compared with the checkpoint's instead, and changes are
+            # refused unless allowed, so a change is never silently undone.
+            if isinstance(checkpoint, Path):
+                self._take_checkpoint_settings(parser, config, checkpoint, stored, data_settings=False)
             data = data_fingerprint(subcommand, self.config[subcommand].data)
             identity = RunIdentity.of(resolved_config(parser, self.config[subcommand]), data)
         allow_change = subcommand == "fit" and config.allow_config_change
@@ -214,25 +235,48 @@ class TrainerCLI(LightningCLI):
         if launched_as_rank_zero():  # the process that writes the run holds it from here on
             self.run.take()
 
-    def _take_model_settings(self, subcommand: str, stored: dict[str, Any]) -> None:
-        """Lightning's ``_parse_ckpt_path`` on the checkpoint already read (it would load the file once more)."""
-        hparams = dict(stored.get("hyper_parameters", {}))
-        hparams.pop("_instantiator", None)
-        for name in EVALUATION_CHOICES:  # the command's own config chooses these
-            hparams.pop(name, None)
-        if hparams:
-            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
-        # The images are made as the model saw them in training (its preprocessing record: a model trained at
-        # 64 px is evaluated at 64 px), and the classes are the model's (a new folder needs only the checkpoint).
-        data = self.config[subcommand].data
-        record = Preprocessing.of_checkpoint(stored)
-        trained = {
-            "class_names": hparams.get("class_names"),
-            "task": hparams.get("task"),
-            **(record.as_dict() if record else {}),
-        }
+    def _take_checkpoint_settings(
+        self,
+        parser: LightningArgumentParser,
+        config: Namespace,
+        path: Path,
+        stored: dict[str, Any],
+        data_settings: bool,
+    ) -> None:
+        """Set on ``config`` (never parse) the model's settings ``checkpoint_values`` admits from ``stored``.
+
+        The images are made as the model saw them in training (its preprocessing record: a model trained at 64 px
+        is evaluated at 64 px), and the classes are the model's (a new folder needs only the checkpoint). With
+        ``data_settings`` (export), the data's plain settings too, so that the run's split is drawn again; the
+        data's folders stay the config's.
+        """
+        resolved = resolved_config(parser, config)
+        hparams = {key: value for key, value in stored["hyper_parameters"].items() if key not in EVALUATION_CHOICES}
+        taken = settings_to_take(
+            hparams, resolved.get("model") or {}, self.model_class, "hyper_parameters", path, self.schema_packages
+        )
+        for key, value in taken.items():
+            config.model[key] = value
+        data = config.data
+        if data.get("init_args") is None:
+            return
+        class_names, task = labels_and_task(hparams, path)
+        try:
+            record = Preprocessing.of_checkpoint(stored)
+        except UserError as error:
+            raise refusal(path, "preprocessing", f"is not a record of this project ({error})") from error
+        trained = {"class_names": class_names, "task": task, **(record.as_dict() if record else {})}
+        if data_settings:
+            stored_data = stored.get("datamodule_hyper_parameters") or {}
+            recorded_class = stored_data.get("_class_path") if isinstance(stored_data, dict) else None
+            if recorded_class is not None and recorded_class != data.class_path:
+                raise refusal(path, "datamodule_hyper_parameters._class_path", f"is not {data.class_path}, the "
+                              "DataModule the config builds")  # fmt: skip
+            settings = resolved["data"].get("init_args") or {}
+            trained = settings_to_take(stored_data, settings, imported(data.class_path), "datamodule_hyper_parameters",
+                                       path, self.schema_packages, only_plain=True) | trained  # fmt: skip
         for key, value in trained.items():
-            if value is not None and data.get("init_args") is not None and key in data.init_args:
+            if value is not None and key in data.init_args:
                 data.init_args[key] = value
 
     @override
@@ -275,7 +319,11 @@ class TrainerCLI(LightningCLI):
         safety: Safety = self._get(self.config_init, "safety")
         run_dir = self.run.directory if self.run is not None else Path(trainer.get("default_root_dir") or ".")
         callbacks = [*as_list(trainer.get("callbacks")), *safety.callbacks(run_dir)]
-        plugins, self.checkpoint_writer = with_atomic_writes(trainer.get("plugins"), self.class_trust)
+        plugins, self.checkpoint_writer = with_atomic_writes(trainer.get("plugins"))
+        if self.checkpoint_read is not None:
+            self.checkpoint_writer.hand_over(*self.checkpoint_read)
+        model = self.model
+        self.checkpoint_writer.fits = lambda checkpoint, source: check_fits(checkpoint, model, source)
         built = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         monitor_what_the_labels_have(built, self.model)
         return built

@@ -31,6 +31,7 @@ from ..foundation.files import sha256
 from ..models.calibration import BANK_KEY, CHECKPOINT_KEY
 from ..models.domain import normalized_bank
 from .checkpoint_io import AtomicCheckpointIO, read_checkpoint, stored_entry
+from .checkpoint_values import check_fits
 from .cli import TrainerCLI
 from .cross_validation import HEADLINE, Spread
 from .cross_validation_report import logged_curve
@@ -117,8 +118,9 @@ def calibrate_final(
     record = figures_record(summary, len(folds), epochs) | {"last_sha256": sha256(last)}
     if target.is_file() and stored_entry(target, CROSS_VALIDATION_KEY) == record:
         return target  # written from this very last.ckpt and these folds before: kept byte for byte
-    checkpoint = read_checkpoint(last, cli.class_trust)
+    checkpoint = read_checkpoint(last)
     model = cli.model
+    check_fits(checkpoint, model, last)
     model.load_state_dict(checkpoint["state_dict"])  # the shipped weights (the average, where a recipe keeps one)
     model.eval()
     features = training_features(cli.trainer, model)
@@ -131,7 +133,7 @@ def calibrate_final(
     checkpoint.pop(CHECKPOINT_KEY, None)
     model.calibration.save_to(checkpoint)
     checkpoint[CROSS_VALIDATION_KEY] = record
-    AtomicCheckpointIO(cli.class_trust).save_checkpoint(checkpoint, target)
+    AtomicCheckpointIO().save_checkpoint(checkpoint, target)
     return target
 
 

@@ -29,7 +29,6 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from ..foundation.errors import UsageError
 from .checkpoint_io import AtomicCheckpointIO
-from .checkpoint_trust import ClassTrust
 from .divergence import DivergenceGuard
 from .loggers import class_of
 from .model_guarantees import INSTALLED_FOR_MODEL, model_guarantees
@@ -144,10 +143,7 @@ def check_user_parts(trainer: Namespace) -> None:
                     )
 
 
-def with_atomic_writes(plugins: Any, trust: ClassTrust) -> tuple[list[Any], AtomicCheckpointIO]:
-    """The user's plugins (already checked) plus the atomic checkpoint writer (and reader), and that writer.
-
-    ``trust``: the classes a checkpoint it reads may name (``checkpoint_trust``).
-    """
-    writer = AtomicCheckpointIO(trust)
+def with_atomic_writes(plugins: Any) -> tuple[list[Any], AtomicCheckpointIO]:
+    """The user's plugins (already checked) plus the atomic checkpoint writer (and reader), and that writer."""
+    writer = AtomicCheckpointIO()
     return [*as_list(plugins), writer], writer

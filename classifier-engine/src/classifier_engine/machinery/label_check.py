@@ -26,6 +26,7 @@ from ..foundation.files import Partial
 from ..models.domain import find_head
 from ..models.network_parts import logits_and_features
 from .checkpoint_io import read_checkpoint
+from .checkpoint_values import check_fits
 from .cli import TrainerCLI
 
 
@@ -78,7 +79,8 @@ def run_fold(
     if not isinstance(data, FoldedData):
         raise UsageError(f"{type(data).__name__} cannot hold out folds (data.folds, data.fold); use an ImageDataModule")
     last = where.run_dir / "checkpoints" / "last.ckpt"
-    checkpoint = read_checkpoint(last, cli.class_trust)
+    checkpoint = read_checkpoint(last)
+    check_fits(checkpoint, model, last)
     model.load_state_dict(checkpoint["state_dict"])
     model.calibration.restore_from(checkpoint)  # the temperature and thresholds live beside the weights
     images = data.validation_images()

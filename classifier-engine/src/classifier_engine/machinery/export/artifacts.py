@@ -36,7 +36,7 @@ from .evaluation import (
     torch_predictor,
 )
 from .model_card import CARD_JSON, CARD_MARKDOWN, build_card, write_card
-from .model_loading import load_model
+from .model_loading import LoadedModel, load_model
 from .onnx_export import export_onnx
 from .program import export_program, load_program
 from .quantize import Calibration, CalibrationMethodName, quantize_int8
@@ -77,7 +77,7 @@ class ExportOptions:
     register: str | None = None
     alias: str | None = None
     tracking_uri: str | None = None
-    trust: tuple[str, ...] = ()
+    config: tuple[Path, ...] = ()  # --config: what builds the model and the data (default: the project's)
     int8_optional: bool = False  # int8 losing more than max_int8_drop is left out rather than failing the export
 
     def asked_formats(self) -> tuple[str, ...]:
@@ -133,14 +133,14 @@ def check_options(options: ExportOptions) -> None:
         raise ExportError(f"cannot write to {folder}: {existing} is a file; choose another --output_dir")
 
 
-def find_data(options: ExportOptions, model: ClassifierModel, checkpoint: dict) -> tuple[RunData | None, str | None]:
+def find_data(options: ExportOptions, loaded: LoadedModel) -> tuple[RunData | None, str | None]:
     """The run's data, or why evaluation is skipped; missing data is an error where int8 or ``--data_dir`` asks."""
     if options.eval_limit == 0:
         return None, "--eval_limit 0"
     asked = options.asked_formats()
     purpose = "int8 calibration" if "int8" in asked else "evaluation on the test split"
     try:
-        data = load_run_data(options.ckpt_path, checkpoint, model.class_names, options.data_dir, purpose)
+        data = load_run_data(loaded, options.ckpt_path, loaded.model.class_names, options.data_dir, purpose)
     except MissingDataError as error:
         if "int8" in asked or options.data_dir is not None:
             raise
@@ -294,11 +294,18 @@ def example_images(data: RunData | None, image_size: int, count: int = 3) -> np.
     return sample_images(count, size=image_size).numpy()
 
 
-def export_artifacts(options: ExportOptions, model_class: type) -> Exported:
-    """Export the project's ``model_class`` from the checkpoint (nothing is written if anything fails)."""
+def export_artifacts(
+    options: ExportOptions, model_class: type, default_config: Path | None, options_of_config: tuple[str, ...] = ()
+) -> Exported:
+    """Export the project's ``model_class`` from the checkpoint (nothing is written if anything fails).
+
+    The model and the data are built from ``default_config``, then ``--config`` (``options.config``), then
+    ``options_of_config`` (a command's own options, e.g. a cross-validation's), with what the checkpoint admits.
+    """
     check_options(options)
-    model, checkpoint = load_model(options.ckpt_path, model_class, options.trust)
-    return export_model(options, model, checkpoint, *find_data(options, model, checkpoint))
+    args = [*(option for path in options.config for option in ("--config", str(path))), *options_of_config]
+    loaded = load_model(options.ckpt_path, model_class, default_config, args)
+    return export_model(options, loaded.model, loaded.checkpoint, *find_data(options, loaded))
 
 
 def settled_formats(options: ExportOptions, data: RunData | None) -> ExportOptions:

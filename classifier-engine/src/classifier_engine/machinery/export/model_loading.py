@@ -1,38 +1,74 @@
-"""The model to ship, rebuilt from a checkpoint (or a one-line reason why it cannot be)."""
+"""The model to ship and the data that judges it, built for a checkpoint (or a one-line reason why they cannot be).
+
+A checkpoint is data (``checkpoint_values``): it is read once, and the model and its DataModule are built from
+the project's code and the config the user runs (``--config``, else the project's default), with the settings
+the checkpoint may give taken as plain values. Nothing of it reaches ``load_from_checkpoint`` or a parser.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
+
 from ...contract import ClassifierModel, check_model
-from ...foundation.errors import parse_error_line
-from ..checkpoint_io import CheckpointError, read_checkpoint
-from ..checkpoint_trust import ClassTrust
+from ...foundation.errors import UserError, parse_error_line
+from ..checkpoint_io import read_checkpoint
+from ..checkpoint_values import check_fits
 from .errors import ExportError
 
 
-def load_model(ckpt_path: Path, model_class: type, trusted: Iterable[str] = ()) -> tuple[ClassifierModel, dict]:
-    """The project's ``model_class`` rebuilt from the checkpoint's hyperparameters, in eval mode, and the checkpoint.
+# Building the model writes nothing and starts nothing: no logger, one CPU process.
+ON_THIS_PROCESS = (
+    "--trainer.logger=false",
+    "--trainer.accelerator=cpu",
+    "--trainer.devices=1",
+    "--trainer.num_nodes=1",
+    "--trainer.strategy=auto",
+)
 
-    Nothing is built before the file is read and checked: a class it names must be the project's, of a stated
-    package (``checkpoint_trust``), or one of ``trusted`` (``--trust``).
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checkpoint's model in eval mode, the DataModule built with it (not yet set up), and the dict read."""
+
+    model: ClassifierModel
+    datamodule: L.LightningDataModule | None
+    checkpoint: dict
+
+
+def load_model(
+    ckpt_path: Path, model_class: type, default_config: Path | None, config_args: Sequence[str] = ()
+) -> LoadedModel:
+    """The project's ``model_class`` built from the config with the checkpoint's admitted settings, its weights in.
+
+    ``config_args``: the command line's ``--config`` files and options (the project's default config first).
     """
+    from ..cli import TrainerCLI  # the CLI's parser builds the model exactly as main.py does
+
     if not ckpt_path.is_file():
         problem = "is a folder" if ckpt_path.is_dir() else "does not exist"
         raise ExportError(f"checkpoint {ckpt_path} {problem}; pass the path of a .ckpt file with --ckpt_path")
     try:
-        trust = ClassTrust().for_project(model_class).naming(classes=trusted, named_by="--trust")
-        checkpoint = read_checkpoint(ckpt_path, trust, "pass --trust with the class if you trust it")
-    except CheckpointError as error:
+        checkpoint = read_checkpoint(ckpt_path)
+        cli = TrainerCLI(
+            model_class,
+            default_config=default_config,
+            checkpoint=(ckpt_path, checkpoint),
+            run=False,
+            args=[*config_args, *ON_THIS_PROCESS],
+        )
+        model = cli.model
+        check_fits(checkpoint, model, ckpt_path)
+        model.load_state_dict(checkpoint["state_dict"])
+    except UserError as error:
         raise ExportError(str(error)) from error
-    try:
-        model = model_class.load_from_checkpoint(ckpt_path, map_location="cpu")
-    except Exception as error:  # a checkpoint of another model fails in many ways
-        # One line; e.g. "model.backbone: No module named 'my_nets'" for a network that is not importable here.
-        reason = parse_error_line(str(error)).replace("module.", "model.", 1)
+    except (RuntimeError, ValueError, TypeError) as error:  # a checkpoint of another model fails in many ways
+        reason = parse_error_line(str(error))
         raise ExportError(f"{ckpt_path} does not rebuild a {model_class.__name__}: {reason}") from error
     check_model(model)
     # The calibration fitted in training (the CLI's CalibrationFit callback restores it; here no trainer runs).
     model.calibration.restore_from(checkpoint)
-    return model.eval(), checkpoint
+    return LoadedModel(model.eval(), cli.datamodule, checkpoint)

@@ -80,23 +80,27 @@ def run_directory(ckpt_path: Path) -> Path:
     return ckpt_path.resolve().parent.parent
 
 
-def tracked_run(ckpt_path: Path) -> tuple[str | None, str | None, str]:
-    """(tracking URI, experiment, run name) of the run's MLflow logger; URI and experiment None when untracked."""
+def tracked_run(ckpt_path: Path, configs: tuple[Path, ...] = ()) -> tuple[str | None, str | None, str]:
+    """(tracking URI, experiment, run name) of the MLflow logger the command's ``configs`` name (``--config``, the
+    last one that names one); URI and experiment None when untracked.
+
+    Only a config the user passes is read: a config.yaml that merely sits beside a checkpoint is not.
+    """
     directory = run_directory(ckpt_path)
-    config_path = directory / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
-    logger = (config.get("trainer") or {}).get("logger")
-    for item in logger if isinstance(logger, list) else [logger]:
-        if isinstance(item, dict) and str(item.get("class_path", "")).endswith("MLFlowLogger"):
-            args = item.get("init_args") or {}
-            uri = args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
-            return uri, args.get("experiment_name") or "lightning_logs", args.get("run_name") or directory.name
+    for config_path in reversed(configs):
+        config = yaml.safe_load(Path(config_path).read_text()) or {}
+        logger = (config.get("trainer") or {}).get("logger") if isinstance(config, dict) else None
+        for item in logger if isinstance(logger, list) else [logger]:
+            if isinstance(item, dict) and str(item.get("class_path", "")).endswith("MLFlowLogger"):
+                args = item.get("init_args") or {}
+                uri = args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+                return uri, args.get("experiment_name") or "lightning_logs", args.get("run_name") or directory.name
     return None, None, directory.name
 
 
-def default_tracking_uri(ckpt_path: Path) -> str:
-    """The store the run was tracked in, else the project's SQLite file."""
-    return tracked_run(ckpt_path)[0] or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+def default_tracking_uri(ckpt_path: Path, configs: tuple[Path, ...] = ()) -> str:
+    """The store the run was tracked in (as the command's ``--config`` says), else the project's SQLite file."""
+    return tracked_run(ckpt_path, configs)[0] or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 @contextmanager
@@ -135,9 +139,9 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
-def training_run_id(mlflow: Any, tracking_uri: str, ckpt_path: Path) -> str | None:
-    """The MLflow run that trained the checkpoint, if it was tracked in this store."""
-    uri, experiment_name, run_name = tracked_run(ckpt_path)
+def training_run_id(mlflow: Any, tracking_uri: str, ckpt_path: Path, configs: tuple[Path, ...]) -> str | None:
+    """The MLflow run that trained the checkpoint, if it was tracked in this store (as ``configs`` say)."""
+    uri, experiment_name, run_name = tracked_run(ckpt_path, configs)
     if uri is None or uri != tracking_uri:
         return None
     experiment = mlflow.get_experiment_by_name(experiment_name)
@@ -215,23 +219,24 @@ def register(
     card: dict,
     examples: np.ndarray,
     experiment: str,
+    configs: tuple[Path, ...] = (),
 ) -> list[Registered]:
     """Log and register every ONNX file of the export in ``folder``; returns the new versions.
 
-    ``experiment``: where the export's run goes when no training run of the checkpoint is tracked (the project's).
+    ``experiment``: where the export's run goes when no training run of the checkpoint is tracked (the project's);
+    ``configs``: the export's ``--config`` files, logged beside the model and read for the training run's store.
     """
     mlflow = import_mlflow()
     import onnx
 
     files = [folder / CARD_JSON, folder / CARD_MARKDOWN]
-    config = run_directory(ckpt_path) / "config.yaml"
-    files += [config] if config.is_file() else []
+    files += [Path(config) for config in configs]
     registered = []
     step = int(card["source"]["global_step"] or 0)
     quiet_mlflow()
     try:
         mlflow.set_tracking_uri(tracking_uri)
-        run_id = training_run_id(mlflow, tracking_uri, ckpt_path)
+        run_id = training_run_id(mlflow, tracking_uri, ckpt_path, configs)
         if run_id is None:
             mlflow.set_experiment(experiment)
         export_run = f"{run_directory(ckpt_path).name}-export-step{step}"
