@@ -39,6 +39,7 @@ _API: dict[str, str] = {
     "head_input": ".models.network_parts",
     "logits_and_features": ".models.network_parts",
     "TorchvisionNet": ".models.torchvision_net",
+    "weights_from_checkpoint": ".models.starting_weights",
     "parameter_groups": ".models.parameter_groups",
     "build_optimizer": ".models.parameter_groups",
     "check_lr_scales": ".models.parameter_groups",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
 import re
 import typing
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ from jsonargparse import Namespace
 
 from ..foundation.errors import UserError
 from ..foundation.plain_values import Strings, admits
+from ..models.starting_weights import starting_weights_arguments
 
 # Packages whose own classes (defined there, not merely imported) a checkpoint's class spec may name: the
 # library, torch's layers, losses and optimizers, timm's networks and losses. The project's package is added.
@@ -121,23 +123,43 @@ def _in_package(name: str, package: str) -> bool:
     return name == package or name.startswith(f"{package}.")
 
 
-def strict_spec(spec: dict, packages: tuple[str, ...], source: object, key: str) -> Namespace:
-    """A class spec that passes the strict schema, as the parsed config would hold it; refused otherwise."""
+def strict_spec(spec: dict, config_spec: Any, packages: tuple[str, ...], source: object, key: str) -> Namespace | None:
+    """A checkpoint's class spec as the parsed config would hold it, if it passes the strict schema; refused otherwise.
+
+    The class is the one the config's spec names (the same ``class_path``), or one *defined* in ``packages``;
+    every argument is plain data of its annotated type. The arguments that only choose starting weights
+    (``starting_weights_arguments``) are never taken: the config's stand. None: the spec is the config's.
+    """
     if set(spec) - {"class_path", "init_args"}:
         extra = sorted(set(spec) - {"class_path", "init_args"})[0]
         raise refusal(source, f"{key}.{extra}", "is not part of a class spec this project builds")
-    cls = defined_class(spec["class_path"], packages, source, f"{key}.class_path")
+    class_path = spec["class_path"]
     arguments = spec.get("init_args") or {}
     if not isinstance(arguments, dict):
         raise refusal(source, f"{key}.init_args", "is not a set of arguments")
+    configured = (config_spec.get("init_args") or {}) if is_class_spec(config_spec) else {}
+    if is_class_spec(config_spec) and config_spec["class_path"] == class_path and isinstance(class_path, str):
+        cls = _config_class(class_path)  # the config names it: imported as the config's parse imported it
+    else:
+        cls, configured = defined_class(class_path, packages, source, f"{key}.class_path"), {}
+    ignored = starting_weights_arguments(cls)
+    arguments = {name: value for name, value in arguments.items() if name not in ignored}
+    kept = {name: value for name, value in configured.items() if name in ignored}
+    if configured and as_json(arguments) == as_json({k: v for k, v in configured.items() if k not in ignored}):
+        return None
     hints = constructor_hints(cls)
     for name, value in arguments.items():
         where = f"{key}.init_args.{name}"
         if name not in hints:
-            raise refusal(source, where, f"is not a typed argument of {spec['class_path']}")
+            raise refusal(source, where, f"is not a typed argument of {class_path}")
         if not admits(hints[name], value):
             raise refusal(source, where, f"is not plain data of its declared type ({describe(value)})")
-    return Namespace(class_path=spec["class_path"], init_args=Namespace(**arguments))
+    return Namespace(class_path=class_path, init_args=Namespace(**arguments, **kept))
+
+
+def _config_class(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def describe(value: Any) -> str:
@@ -181,7 +203,9 @@ def settings_to_take(
         elif only_plain:
             continue
         elif is_class_spec(value):
-            taken[key] = strict_spec(value, packages, source, where)
+            spec = strict_spec(value, config.get(key), packages, source, where)
+            if spec is not None:
+                taken[key] = spec
         elif key not in hints:
             raise refusal(source, where, f"differs from the config's and {target.__name__} does not declare its type")
         else:
@@ -224,6 +248,31 @@ def check_structure(checkpoint: dict, source: object) -> None:
         if not isinstance(key, str) or not torch.is_tensor(value):
             raise refusal(source, f"state_dict.{describe(key)}", "is not a named tensor")
     _check_tensors(checkpoint, "", source, 0)
+    for name, state in checkpoint.get("callbacks", {}).items():
+        if isinstance(state, dict) and "dirpath" in state:
+            _check_checkpoint_paths(state, f"callbacks.{name}", source)
+
+
+# The files a checkpoint writer's state names, which it may later delete as worse than a new one.
+WRITER_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def _check_checkpoint_paths(state: dict, key: str, source: object) -> None:
+    """A checkpoint writer's recorded files are all in its own folder: a checkpoint never names others to delete."""
+    folder = state.get("dirpath")
+    best_k = state.get("best_k_models") or {}
+    if not isinstance(folder, str | type(None)) or not isinstance(best_k, dict):
+        raise refusal(source, key, "is not the state of a checkpoint writer")
+    paths = [state.get(name) for name in WRITER_PATHS] + list(best_k)
+    for path in paths:
+        if path in (None, ""):
+            continue
+        if (
+            not isinstance(path, str)
+            or folder is None
+            or os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder)
+        ):
+            raise refusal(source, key, f"names a file outside its checkpoint folder ({describe(path)})")
 
 
 def _check_tensors(value: Any, key: str, source: object, depth: int) -> None:

@@ -28,6 +28,7 @@ from ..data.preprocessing import Preprocessing
 from ..foundation.errors import UsageError, UserError, exit_with, full_error_wanted, parse_error_line
 from ..foundation.files import NoSpaceError
 from ..foundation.process_lifetime import exit_when_launcher_dies
+from ..models.starting_weights import building_for_checkpoint
 from .checkpoint_io import read_checkpoint
 from .checkpoint_values import (
     SCHEMA_PACKAGES,
@@ -296,7 +297,9 @@ class TrainerCLI(LightningCLI):
             trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
             check_tracker_packages(trainer)
             check_counts(trainer)
-            super().instantiate_classes()
+            # A model built to evaluate or export a checkpoint takes its weights from it: no pretrained ones read.
+            with building_for_checkpoint(self.checkpoint_read is not None and self.subcommand != "fit"):
+                super().instantiate_classes()
             check_model(self.model)
         except BaseException as error:
             if self.run is not None and launched_as_rank_zero():

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
 
 from ..foundation.errors import UsageError
 from ..foundation.files import NewFolders
+from .checkpoint_values import HOW_TO_TRUST, CheckpointError
 from .config_hash import LAUNCH_SWITCHES
 from .identity import RunIdentity, describe, shapes_weights
 from .loggers import DIRECTORY_LOGGERS, callbacks, class_of, is_directory_logger, loggers
@@ -70,7 +72,7 @@ class Run:
             directory = identity.run_dir(checkpoint_run / subcommand) if checkpoint_run else own
             return cls(subcommand, identity, directory, checkpoint)
         if isinstance(checkpoint, Path) and stored.get("config_hash") not in (None, identity.hash):
-            changes = identity.changes_from(stored.get("config", "{}"))
+            changes = identity.changes_from(recorded_config(stored, checkpoint))
             source = checkpoint_run or checkpoint
             fixed = {key: change for key, change in changes.items() if shapes_weights(key)}
             if fixed:
@@ -214,3 +216,14 @@ def _restore(directory: Path, before: dict[Path, bytes | None]) -> None:
                 shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def recorded_config(stored: dict[str, Any], checkpoint: Path) -> str:
+    """The config a checkpoint records (JSON text, only compared with the command's), or one line why it is not one."""
+    text = stored.get("config", "{}")
+    try:
+        if isinstance(text, str) and isinstance(json.loads(text), dict):
+            return text
+    except (ValueError, RecursionError):
+        pass
+    raise CheckpointError(f"{checkpoint}: config is not the record of a config; {HOW_TO_TRUST}")

@@ -9,6 +9,8 @@ import torchvision
 from torch import Tensor, nn
 from typing_extensions import override
 
+from .starting_weights import weights_from_checkpoint
+
 
 class TorchvisionNet(nn.Module):
     """Any torchvision classification network by name, optionally from pretrained weights, with a new head.
@@ -17,6 +19,10 @@ class TorchvisionNet(nn.Module):
     everything before it keeps the weights. Pretrained weights expect ImageNet's normalization,
     which ``ImageFolderDataModule`` uses; a project's ``FreezeBackbone`` callback trains the new head alone first.
     """
+
+    # They choose the starting weights only: a command that loads a checkpoint neither reads them nor takes them
+    # from the checkpoint (models/starting_weights.py).
+    starting_weights_arguments = ("weights", "weights_path")
 
     def __init__(
         self, num_classes: int, name: str = "resnet18", weights: str | None = None, weights_path: str | None = None
@@ -40,6 +46,9 @@ class TorchvisionNet(nn.Module):
             )
         if weights and weights_path:
             raise ValueError("model.backbone: give weights (a download) or weights_path (a local file), not both")
+        self.pretrained = bool(weights or weights_path)  # FreezeBackbone: a head-first phase only protects weights
+        if weights_from_checkpoint():
+            weights, weights_path = None, None
         try:
             network = torchvision.models.get_model(name, weights=weights)
         except (ValueError, KeyError) as error:
@@ -57,7 +66,6 @@ class TorchvisionNet(nn.Module):
         setattr(parent, head_name, nn.Linear(old.in_features, num_classes))
         self.network = network
         self.head_name = f"network.{parent_name + '.' if parent_name else ''}{head_name}"
-        self.pretrained = bool(weights or weights_path)  # FreezeBackbone: a head-first phase only protects weights
 
     @override
     def forward(self, images: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-from classifier_engine import UsageError, check_choice
+from classifier_engine import UsageError, check_choice, weights_from_checkpoint
 
 # What model.backbone is: a class (or function) that builds the network for a number of classes.
 BackboneFactory = Callable[[int], nn.Module]
@@ -254,8 +254,11 @@ class TimmNet(nn.Module):
     weight set with its own preprocessing (``pretrained_cfg``: mean and std, interpolation, crop share),
     which ``expected_input`` tells the data before anything is packed. timm replaces the classifier head
     for ``num_classes`` and loads the rest. The weights come from the Hugging Face cache (``HF_HUB_OFFLINE=1``
-    works once they are there), or from a local file through timm's own route (``weights_path``).
+    works once they are there), or from a local file through timm's own route (``weights_path``). A command that
+    loads a checkpoint reads neither: the checkpoint's weights replace them.
     """
+
+    starting_weights_arguments = ("pretrained", "weights_path")  # a checkpoint's own values for them are never used
 
     def __init__(
         self,
@@ -285,6 +288,9 @@ class TimmNet(nn.Module):
         import timm  # imported when a timm network is asked for: the CLI starts without it
 
         check_choice("model.backbone.head_init", head_init, HeadInit)
+        self.pretrained = pretrained or bool(weights_path)  # FreezeBackbone: a head-first phase only protects weights
+        if weights_from_checkpoint():
+            pretrained, weights_path = False, None
         _check_timm_name(name, pretrained and not weights_path)
         options: dict[str, Any] = {"num_classes": num_classes, "drop_rate": drop_rate}
         if drop_path_rate is not None:
@@ -306,7 +312,6 @@ class TimmNet(nn.Module):
                 f"(timm.create_model({name!r}, pretrained=True) fills the cache where there is network access), "
                 "or train from scratch with --config configs/presets/from_scratch.yaml"
             ) from error
-        self.pretrained = pretrained or bool(weights_path)  # FreezeBackbone: a head-first phase only protects weights
         if head_init == "zero":
             # A random head of a pretrained body starts loud (logits of several units on any photo) and its first
             # gradients shake the body; at zero it starts from "every class equally likely" and learns from there.

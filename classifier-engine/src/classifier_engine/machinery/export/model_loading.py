@@ -7,7 +7,9 @@ the checkpoint may give taken as plain values. Nothing of it reaches ``load_from
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,6 @@ from ..checkpoint_io import read_checkpoint
 from ..checkpoint_values import check_fits
 from .errors import ExportError
 
-
 # Building the model writes nothing and starts nothing: no logger, one CPU process.
 ON_THIS_PROCESS = (
     "--trainer.logger=false",
@@ -28,6 +29,18 @@ ON_THIS_PROCESS = (
     "--trainer.num_nodes=1",
     "--trainer.strategy=auto",
 )
+
+
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Without the lines Lightning prints as it builds a trainer (the seed, the accelerators): no trainer runs here."""
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @dataclass(frozen=True)
@@ -53,13 +66,14 @@ def load_model(
         raise ExportError(f"checkpoint {ckpt_path} {problem}; pass the path of a .ckpt file with --ckpt_path")
     try:
         checkpoint = read_checkpoint(ckpt_path)
-        cli = TrainerCLI(
-            model_class,
-            default_config=default_config,
-            checkpoint=(ckpt_path, checkpoint),
-            run=False,
-            args=[*config_args, *ON_THIS_PROCESS],
-        )
+        with quiet_lightning():
+            cli = TrainerCLI(
+                model_class,
+                default_config=default_config,
+                checkpoint=(ckpt_path, checkpoint),
+                run=False,
+                args=[*config_args, *ON_THIS_PROCESS],
+            )
         model = cli.model
         check_fits(checkpoint, model, ckpt_path)
         model.load_state_dict(checkpoint["state_dict"])
