@@ -309,3 +309,20 @@ def slurm_stand_ins(root: Path, tasks: int = 1) -> tuple[Path, Path]:
     for name in ("main.py", "sweep.py", "configs"):
         (submit_dir / name).symlink_to(PROJECT_ROOT / name)
     return bin_dir, submit_dir
+
+
+def run_data_of(last: Path, data_dir: Path | None = None):
+    """The run's data for its checkpoint ``last``, built as ``export.py --config <run>/config.yaml`` builds it."""
+    from classifier_engine.machinery.export.model_loading import load_model
+    from classifier_engine.machinery.export.run_data import load_run_data
+
+    project = PHOTO_ROOT if "images" in yaml_text(last.parent.parent / "config.yaml") else PROJECT_ROOT
+    package = "photo_classifier" if project == PHOTO_ROOT else "cifar_classifier"
+    model_class = __import__(f"{package}.models", fromlist=["ImageClassifier"]).ImageClassifier
+    config = project / "configs" / ("images.yaml" if project == PHOTO_ROOT else "cifar10.yaml")
+    loaded = load_model(last, model_class, config, ["--config", str(last.parent.parent / "config.yaml")])
+    return load_run_data(loaded, last, list(loaded.model.class_names), data_dir, "the check")
+
+
+def yaml_text(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""

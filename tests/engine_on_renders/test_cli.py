@@ -286,16 +286,17 @@ def test_an_own_network_plugs_in_through_the_config_alone(tmp_path):
                      *own, cwd=tmp_path)  # fmt: skip
     assert "test/top1" in result.stdout
     assert isinstance(ImageClassifier.load_from_checkpoint(last).backbone, TinyNet)
-    # Where the network's module cannot be imported, the export says so in one line.
+    # A network the checkpoint names and the config does not is refused in one line, and nothing is imported for it:
+    # a checkpoint is data (test_untrusted_files.py, test_checkpoint_fuzz.py), with or without the run's config.
     checkpoint = torch.load(last, weights_only=True)
     checkpoint["hyper_parameters"]["backbone"]["class_path"] = "not_installed.TinyNet"
     torch.save(checkpoint, tmp_path / "moved.ckpt")
-    with pytest.raises(ExportError, match=r"model\.backbone: No module named 'not_installed'") as refused:
-        load_model(tmp_path / "moved.ckpt", ImageClassifier, trusted=["not_installed.TinyNet"])
-    assert "\n" not in str(refused.value)
-    # Not trusted, it is not even looked for: a checkpoint is data (test_untrusted_files.py).
-    with pytest.raises(ExportError, match=r"names not_installed\.TinyNet at hyper_parameters\.backbone\.class_path"):
-        load_model(tmp_path / "moved.ckpt", ImageClassifier)
+    for config in ([], ["--config", str(run_dir / "config.yaml")]):
+        with pytest.raises(
+            ExportError, match=r"hyper_parameters\.backbone\.class_path names not_installed\.Tiny"
+        ) as no:
+            load_model(tmp_path / "moved.ckpt", ImageClassifier, default_config(), config)
+        assert "\n" not in str(no.value) and "not_installed" not in sys.modules
 
 
 @pytest.mark.parametrize("short_hash", ["0a1b2c3d4e5f", "727264334204"], ids=["hex", "all-digits"])

@@ -44,7 +44,7 @@ TORCHVISION_READERS = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR10
 
 def export_main(args: list[str]) -> int:
     """``python export.py ARGS`` of the CIFAR render, in this process."""
-    return export_command.main(ImageClassifier, "cifar-classifier", args)
+    return export_command.main(ImageClassifier, "cifar-classifier", args, default_config())
 
 
 def learnable_images(count: int, num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -269,8 +269,11 @@ def test_a_cross_validations_final_model_ships_in_fp32_when_int8_loses_too_much(
     final.write_bytes(trained.read_bytes())
     # As above: int8 calibrated on one image with symmetric ranges, no loss allowed (cross_validate.py passes none
     # of these; its int8 fails the same way when it loses more than export's default limit).
-    export_final(final, ImageClassifier, ("--data_dir", str(trained.parents[4] / "data"), "--calibration_images=1",
-                                          "--int8_symmetric", "--max_int8_drop=0"))  # fmt: skip
+    options = ("--data_dir", str(trained.parents[4] / "data"), "--calibration_images=1", "--int8_symmetric",
+               "--max_int8_drop=0")  # fmt: skip
+    export_final(
+        final, ImageClassifier, default_config(), ["--config", str(trained.parents[1] / "config.yaml")], options
+    )
     said = capsys.readouterr().out
     assert "Final model: int8 left out: it loses " in said and "(limit 0.0); shipping ONNX and .pt2" in said
     assert f"python export.py --ckpt_path {final} --calibration_method percentile" in said

@@ -37,7 +37,9 @@ def test_fast_recipe_trains_evaluates_with_tta_and_exports(tmp_path):
     )  # fmt: skip
     run_dir = only_run_dir(tmp_path)
     assert run_dir.parent.name == "cifar10_fast"
-    model, checkpoint = load_model(run_dir / "checkpoints" / "last.ckpt", ImageClassifier)
+    loaded = load_model(run_dir / "checkpoints" / "last.ckpt", ImageClassifier, default_config(),
+                        ["--config", str(run_dir / "config.yaml")])  # fmt: skip
+    model, checkpoint = loaded.model, loaded.checkpoint
     assert checkpoint["global_step"] == 9 and checkpoint["epoch"] == 1  # 192 images / 32 = 6 steps per epoch
     assert isinstance(model.backbone, AirBench) and isinstance(model.test_time_augmentation, FlipTranslate)
 

@@ -29,12 +29,11 @@ from classifier_engine.data.errors import DataSettingError
 from classifier_engine.data.folder import ImageFolderDataModule, stratified_split
 from classifier_engine.data.image_sources import find_images
 from classifier_engine.data.loader import BalancedEpochSampler
-from classifier_engine.machinery.export.run_data import load_run_data
 from classifier_engine.models import calibration
 from classifier_engine.models.calibration import Calibration, best_f1_thresholds, fit_temperature, rejection_threshold
 from classifier_engine.testing import write_multilabel_images
 
-from .conftest import PHOTO_ROOT, cli_env, images_args, only_run_dir, run_cli
+from .conftest import PHOTO_ROOT, cli_env, images_args, only_run_dir, run_cli, run_data_of
 
 CLASSES = ["blue", "green", "red", "yellow"]  # write_multilabel_images' labels, sorted
 
@@ -251,8 +250,7 @@ def test_multilabel_fit_test_predict_export_and_register_agree_with_onnxruntime(
     assert card["task"] == "multilabel" and card["calibration"]["thresholds"] == record["thresholds"]
 
     # The card's figures, counted again from onnxruntime's outputs on the test images with the card's thresholds.
-    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
-    held_out = load_run_data(last, checkpoint, card["class_names"], None, "the check").held_out  # the test split
+    held_out = run_data_of(last).held_out  # the test split
     session = onnxruntime.InferenceSession(str(last.parent / "export" / "model.onnx"))
     outputs = session.run(["logits"], {"images": np.ascontiguousarray(held_out.images[:])})[0].astype(np.float64)
     probabilities, present = 1 / (1 + np.exp(-outputs)), np.asarray(held_out.labels).astype(bool)
@@ -441,8 +439,7 @@ def test_temperature_scaling_mends_an_over_confident_model_and_unknown_keeps_its
     assert 0.9 <= fitted["kept_correct"] < 0.9 + 1 / (0.1 * fitted["images"]) + 0.05
     # Counted again here: the checkpoint's model on the run's validation images, its score against the threshold.
     model = PhotoClassifier.load_from_checkpoint(last, map_location="cpu").eval()
-    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
-    validation = load_run_data(last, checkpoint, list(model.class_names), None, "the check").datamodule
+    validation = run_data_of(last).datamodule
     images = torch.from_numpy(np.asarray(validation.validation_images().images[:]))
     truth = torch.from_numpy(np.asarray(validation.validation_images().labels))
     with torch.inference_mode():

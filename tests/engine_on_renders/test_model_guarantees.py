@@ -58,11 +58,8 @@ def test_steps_rewritten_by_the_user_keep_exact_resume_after_sigterm_and_the_car
     calibration = torch.load(ckpt, weights_only=True)["calibration"]
     assert calibration["fitted_on"]["images"] == 32  # the validation split, fitted after the last validation
     assert calibration["temperature"] != [1.0]
-    # The model's package here is the test's, so the render's network is trusted by name (as a user would).
-    classes = ("models.backbones.FastCNN", "models.schedules.OneCycle", "data.CifarDataModule")
-    trust = [option for name in classes for option in ("--trust", f"cifar_classifier.{name}")]
     exported = run_as("export", "PlainSteps", "--ckpt_path", str(ckpt), "--data_dir", "data", "--formats", "onnx",
-                      *trust, cwd=resumed)  # fmt: skip
+                      cwd=resumed)  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-3000:]
     card = json.loads((ckpt.parent / "export" / "model.card.json").read_text())
     assert card["calibration"]["temperature"] == calibration["temperature"]

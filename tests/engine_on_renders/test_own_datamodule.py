@@ -118,10 +118,12 @@ def test_the_docs_datamodule_gets_test_predict_export_int8_and_the_registry(tmp_
     fit = ["fit", "--config", str(config), "--config", "configs/my_data.yaml", "--data.val_size=32", *TINY]
     run = fit_test_predict(fit, tmp_path, env)
 
-    # A checkpoint is data: the DataModule of a module outside the project's package is trusted by name.
-    trust = ["--trust", "my_data.ArrayDataModule"]
+    # A checkpoint is data: the DataModule is the config's, so the run's own config (code the user runs) is passed.
+    trust = ["--config", str(run / "config.yaml")]
     refused = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), cwd=tmp_path, env=env)
-    assert refused.returncode == 2 and "names my_data.ArrayDataModule at datamodule_hyper_parameters" in refused.stderr
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "datamodule_hyper_parameters._class_path is not cifar_classifier.data.CifarDataModule" in refused.stderr
+    assert "pass the run's own config.yaml with --config" in refused.stderr
     assert not (run / "checkpoints" / "export").exists()
     result = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100", *trust,
                     "--register", "own-arrays", cwd=tmp_path, env=env)  # fmt: skip
@@ -164,14 +166,12 @@ def test_a_folder_datamodule_subclass_exports_from_its_packed_copy_without_data_
            *own_network]  # fmt: skip
     run = fit_test_predict(fit, tmp_path, env)
 
-    # The export reads the packed copy and the held-out rows the checkpoint names: the photos may be gone,
-    # and another working folder changes nothing.
+    # The export reads the packed copy the checkpoint names (by its folder's name, under the config's cache folder)
+    # and the held-out rows it records: the photos may be gone.
     photos.rename(tmp_path / "elsewhere")
-    (tmp_path / "other").mkdir()
     result = export("--ckpt_path", str(run / "checkpoints" / "last.ckpt"), "--max_int8_drop=100",
-                    "--trust", "my_photos.TaggedPhotos", "--register", "own-photos",
-                    "--tracking_uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-                    cwd=tmp_path / "other", env=env)  # fmt: skip
+                    "--config", str(run / "config.yaml"), "--register", "own-photos",
+                    "--tracking_uri", f"sqlite:///{tmp_path / 'mlflow.db'}", cwd=tmp_path, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "registered own-photos version 1" in result.stdout
     (packed,) = (path for path in (tmp_path / "data" / "packed").iterdir() if path.is_dir())

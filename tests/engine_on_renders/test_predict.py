@@ -10,7 +10,16 @@ import pytest
 import torch
 from PIL import Image
 
-from .conftest import DATASET, FAST_ARGS, NUM_TEST, default_config, only_run_dir, run_cli, trained_folder
+from .conftest import (
+    DATASET,
+    FAST_ARGS,
+    NUM_TEST,
+    default_config,
+    only_run_dir,
+    run_cli,
+    run_data_of,
+    trained_folder,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*does not have many workers.*:UserWarning")
 
@@ -62,8 +71,6 @@ def test_predict_may_switch_the_unknown_score_on_a_trained_model(trained):
     """The checkpoint keeps both scores' thresholds: energy's answers are the model's own, at its threshold."""
     from cifar_classifier.models import ImageClassifier
 
-    from classifier_engine.machinery.export.run_data import load_run_data
-
     table = rows(trained, predict(trained, "--model.reject_with=energy"))
     last = next(trained.glob("runs/*/*/checkpoints/last.ckpt"))
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
@@ -72,7 +79,7 @@ def test_predict_may_switch_the_unknown_score_on_a_trained_model(trained):
     assert float(calibration.domain_threshold) == pytest.approx(
         checkpoint["calibration"]["domain"]["thresholds"]["energy"], rel=1e-6
     )
-    held_out = load_run_data(last, checkpoint, list(model.class_names), trained / "data", "the check").held_out
+    held_out = run_data_of(last, trained / "data").held_out
     with torch.inference_mode():
         logits = model.evaluate(torch.from_numpy(np.array(held_out.images[:])))
         energy, top = calibration.scores(logits, "energy"), calibration.scores(logits, "msp")

@@ -20,7 +20,16 @@ from cifar_classifier.models import ImageClassifier
 from classifier_engine.commands import export as export_command
 from classifier_engine.data.archive import prepare
 
-from .conftest import DATASET, PROJECT_ROOT, cli_env, fit_args, free_port, run_cli, write_tiny_archive
+from .conftest import (
+    DATASET,
+    PROJECT_ROOT,
+    cli_env,
+    default_config,
+    fit_args,
+    free_port,
+    run_cli,
+    write_tiny_archive,
+)
 from .test_export import snapshot
 
 pytestmark = [
@@ -35,7 +44,7 @@ PRESET = PROJECT_ROOT / "configs" / "presets" / "mlflow.yaml"
 
 def export_main(args: list[str]) -> int:
     """``python export.py ARGS`` of the CIFAR render, in this process."""
-    return export_command.main(ImageClassifier, "cifar-classifier", args)
+    return export_command.main(ImageClassifier, "cifar-classifier", args, default_config())
 
 
 @pytest.fixture(scope="module")

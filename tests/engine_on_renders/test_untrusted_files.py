@@ -23,8 +23,8 @@ from cifar_classifier.models import ImageClassifier
 
 from classifier_engine.data.errors import DataSettingError
 from classifier_engine.data.image_sources import find_images
-from classifier_engine.machinery.checkpoint_io import CheckpointError, read_checkpoint
-from classifier_engine.machinery.checkpoint_trust import ClassTrust, named_classes
+from classifier_engine.machinery.checkpoint_io import AtomicCheckpointIO, read_checkpoint
+from classifier_engine.machinery.checkpoint_values import SCHEMA_PACKAGES, CheckpointError, settings_to_take
 
 from .conftest import (
     PHOTO_ROOT,
@@ -95,7 +95,7 @@ def test_every_command_that_takes_a_checkpoint_refuses_one_that_would_run_code(t
         result = run_cli(subcommand, *config, f"--ckpt_path={evil}", cwd=root, check=False)
         refused_in_one_line(result, evil, marker)
         if kind == "plain-data":
-            assert "names os.system at hyper_parameters.optimizer.class_path" in result.stderr
+            assert "hyper_parameters.optimizer.class_path names os.system" in result.stderr
     export = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "export.py"), "--ckpt_path", str(evil), "--formats", "onnx"],
         cwd=root, capture_output=True, text=True, timeout=300, env=cli_env(),
@@ -137,52 +137,70 @@ def checkpoints(root: Path) -> dict[str, str]:
     return {name: digest for name, digest in tree(root / "runs").items() if name.endswith(".ckpt")}
 
 
-def test_the_classes_a_checkpoint_names_are_found_wherever_they_hide():
-    hparams = {
-        "_instantiator": "lightning.pytorch.cli.instantiate_module",
-        "optimizer": {"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1}},
-        "backbone": {"class_path": "timm.models.resnet.ResNet", "init_args": {"block": "os.system"}},
-        "lr_schedule": "subprocess.Popen",  # a bare string where a class is expected is a class path
-        "callbacks": [{"class_path": "shutil.rmtree"}],
-        "class_names": ["os.path", "cat"],  # labels are data, whatever they look like
-        "image_dir": "photos.csv",  # a file, not a module
-        "title": "Mr.Smith",
-    }
-    found = dict(named_classes(hparams, "hyper_parameters"))
-    assert found == {
-        "hyper_parameters._instantiator": "lightning.pytorch.cli.instantiate_module",
-        "hyper_parameters.optimizer.class_path": "torch.optim.SGD",
-        "hyper_parameters.backbone.class_path": "timm.models.resnet.ResNet",
-        "hyper_parameters.backbone.init_args.block": "os.system",
-        "hyper_parameters.lr_schedule": "subprocess.Popen",
-        "hyper_parameters.callbacks[0].class_path": "shutil.rmtree",
-    }
-    trust = ClassTrust().for_project(ClassTrust)
-    trusted = {key: trust.trusts(key, name) for key, name in found.items()}
-    assert trusted == {
-        "hyper_parameters._instantiator": True,
-        "hyper_parameters.optimizer.class_path": True,
-        "hyper_parameters.backbone.class_path": True,
-        "hyper_parameters.backbone.init_args.block": False,
-        "hyper_parameters.lr_schedule": False,
-        "hyper_parameters.callbacks[0].class_path": False,
-    }
-    # A function of a trusted package is not a class: jsonargparse would call it with the file's arguments.
-    assert not trust.trusts("x.class_path", "classifier_engine.foundation.files.remove_stale_partials")
-    assert not trust.trusts("x._instantiator", "os.system")
-    assert not trust.trusts("x.class_path", "torch.optimizer_evil.Thing")  # a prefix of a name is not its package
-    # What the command's own config names is trusted: the user runs it as a script.
-    assert trust.naming({"model": {"optimizer": {"class_path": "subprocess.Popen"}}}).trusts("k", "subprocess.Popen")
-
-
-def test_a_datamodule_class_path_is_checked_before_it_is_imported(trained, tmp_path):
+def test_a_checkpoints_settings_are_taken_as_plain_values_of_their_declared_types(trained, tmp_path):
+    """What the schema admits and refuses, key by key, without running a command (the fuzz test runs them)."""
     _, run = trained
+    checkpoint = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    hparams = checkpoint["hyper_parameters"]
+    config = {key: value for key, value in hparams.items() if not key.startswith("_")}
+    packages = (*SCHEMA_PACKAGES, "cifar_classifier")
+
+    def take(**changes: object) -> dict:
+        return settings_to_take({**hparams, **changes}, config, ImageClassifier, "hyper_parameters", "x.ckpt", packages)
+
+    assert take() == {}  # what the config already says is not taken again
+    assert take(label_smoothing=0.2, image_size=64) == {"label_smoothing": 0.2, "image_size": 64}
+    assert take(class_names=["os.path", "a/b", "{x: 1}"])["class_names"] == ["os.path", "a/b", "{x: 1}"]  # labels
+    width = take(backbone={"class_path": "cifar_classifier.models.backbones.FastCNN", "init_args": {"width": 8}})
+    assert width["backbone"].init_args.width == 8  # a class of the project, a plain argument of its type
+    refused = {
+        "a class spec as a string": {"backbone": "{class_path: subprocess.Popen, init_args: {args: [ls]}}"},
+        "a path": {"backbone": str(tmp_path / "evil.yaml")},
+        "a URL": {"lr_schedule": "http://127.0.0.1:1/evil.yaml"},
+        "a string where a name goes": {"compile_mode": "{class_path: os.system}"},
+        "a number where a choice goes": {"task": 3},
+        "a boolean where a count goes": {"image_size": True},
+        "a class not of a stated package": {"loss": {"class_path": "subprocess.Popen", "init_args": {}}},
+        "an untyped argument": {
+            "loss": {"class_path": "torch.nn.CrossEntropyLoss", "init_args": {"size_average": "{class_path: x.Y}"}}
+        },
+        "a class imported into a trusted module": {"backbone": {"class_path": "timm.models._hub.TemporaryDirectory"}},
+        "attribute traversal": {"backbone": {"class_path": "torch.nn.functional.os.system"}},
+        "look-alike letters": {"backbone": {"class_path": "torch.nn.L\u0456near"}},
+        "a function": {"loss": {"class_path": "classifier_engine.foundation.files.sha256"}},
+    }
+    for what, changes in refused.items():
+        with pytest.raises(CheckpointError, match=r"^x\.ckpt: hyper_parameters\.\w+") as error:
+            take(**changes)
+        assert "--config" in str(error.value) and "\n" not in str(error.value), what
+
+
+def test_the_bytes_checked_are_the_bytes_restored_and_a_tensor_holds_what_it_claims(trained, tmp_path):
+    _, run = trained
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["domain_bank"] = torch.zeros(1, dtype=torch.float16).expand(2**31, 16)  # a few bytes in the file
+    torch.save(checkpoint, tmp_path / "zero-stride.ckpt")
+    with pytest.raises(CheckpointError, match=r"domain_bank claims a tensor of 2147483648x16 that the file does not"):
+        read_checkpoint(tmp_path / "zero-stride.ckpt")
+    # The reader Lightning restores through gets the dict the command checked, not the file again.
+    writer = AtomicCheckpointIO()
+    handed = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    writer.hand_over(tmp_path / "gone.ckpt", handed)
+    assert writer.load_checkpoint(tmp_path / "gone.ckpt") is handed  # the file does not even exist any more
+
+
+def test_a_datamodule_class_path_in_a_checkpoint_is_never_imported(trained, tmp_path):
+    root, run = trained
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     checkpoint["datamodule_hyper_parameters"]["_class_path"] = "antigravity.Thing"  # importing it opens a browser
     torch.save(checkpoint, tmp_path / "shared.ckpt")
-    with pytest.raises(CheckpointError, match=r"names antigravity\.Thing at datamodule_hyper_parameters\._class_path"):
-        read_checkpoint(tmp_path / "shared.ckpt", ClassTrust().for_project(ImageClassifier))
-    assert "antigravity" not in sys.modules
+    export = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "export.py"), "--ckpt_path", str(tmp_path / "shared.ckpt"),
+         "--formats", "onnx", "--output_dir", str(tmp_path / "export")],
+        cwd=root, capture_output=True, text=True, timeout=300, env=cli_env(),
+    )  # fmt: skip
+    assert export.returncode != 0 and "datamodule_hyper_parameters._class_path is not" in export.stderr
+    assert export.stderr.count("\n") == 1 and not (tmp_path / "export").exists()
 
 
 def list_reaching_outside(root: Path, how: str) -> Path:

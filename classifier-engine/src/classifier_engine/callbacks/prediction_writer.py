@@ -136,3 +136,8 @@ class PredictionWriter(BasePredictionWriter):
             with contextlib.suppress(OSError):  # rows that could not be written are discarded anyway
                 self._close()
             self._partial.discard()
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """A run that fails before its teardown (a refused checkpoint at restore): the file is closed and dropped."""
+        self.teardown(trainer, pl_module, "predict")
