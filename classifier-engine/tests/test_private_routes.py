@@ -36,6 +36,16 @@ def test_lightning_cli_still_parses_the_checkpoint_between_parsing_and_building(
         assert callable(getattr(LightningCLI, name)) and name in TrainerCLI.__dict__
 
 
+def test_lightnings_restore_reads_through_the_checkpoint_io_which_returns_the_dict_a_command_read():
+    """One read per command: the CLI hands the dict it checked to ``AtomicCheckpointIO``, and Lightning's restore
+    (``_CheckpointConnector.resume_start``, private) asks the strategy, which asks its checkpoint IO, for the path."""
+    from lightning.pytorch.strategies import Strategy
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    assert "strategy.load_checkpoint(" in inspect.getsource(_CheckpointConnector.resume_start)
+    assert "checkpoint_io.load_checkpoint(" in inspect.getsource(Strategy.load_checkpoint)
+
+
 def test_argparse_actions_and_the_file_writer_and_foreach_kernels_exist(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     photos = write_image_folder(tmp_path / "photos")

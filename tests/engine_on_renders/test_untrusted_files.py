@@ -25,11 +25,13 @@ from classifier_engine.data.errors import DataSettingError
 from classifier_engine.data.image_sources import find_images
 from classifier_engine.machinery.checkpoint_io import AtomicCheckpointIO, read_checkpoint
 from classifier_engine.machinery.checkpoint_values import SCHEMA_PACKAGES, CheckpointError, settings_to_take
+from classifier_engine.machinery.cli import TrainerCLI
 
 from .conftest import (
     PHOTO_ROOT,
     PROJECT_ROOT,
     cli_env,
+    default_config,
     fit_args,
     images_args,
     only_run_dir,
@@ -187,6 +189,20 @@ def test_the_bytes_checked_are_the_bytes_restored_and_a_tensor_holds_what_it_cla
     handed = read_checkpoint(run / "checkpoints" / "last.ckpt")
     writer.hand_over(tmp_path / "gone.ckpt", handed)
     assert writer.load_checkpoint(tmp_path / "gone.ckpt") is handed  # the file does not even exist any more
+
+
+def test_a_command_reads_its_checkpoint_once(trained, monkeypatch):
+    """The bytes checked are the bytes restored: ``validate`` unpickles the file once, and Lightning's restore gets
+    that dict (a file replaced between two reads could not slip past the checks)."""
+    root, run = trained
+    monkeypatch.chdir(root)
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: loads.append(args[0]) or real_load(*args, **kwargs))
+    args = ["validate", "--config", str(run / "config.yaml"), f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+            "--trainer.logger=false", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    cli = TrainerCLI(ImageClassifier, default_config=default_config(), args=args)
+    assert cli.trainer.state.finished and len(loads) == 1
 
 
 def test_a_datamodule_class_path_in_a_checkpoint_is_never_imported(trained, tmp_path):

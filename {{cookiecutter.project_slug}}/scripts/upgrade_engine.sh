@@ -4,7 +4,7 @@
 #   scripts/upgrade_engine.sh 1.5.0 'git+https://github.com/<owner>/<repo>@<commit>#subdirectory=classifier-engine'
 #   scripts/upgrade_engine.sh 1.5.0 file:///path/to/template/classifier-engine
 # It sets the release (and where it comes from) in both lock files, then refreshes every other pin against
-# it with scripts/lock.sh. pyproject.toml's range (classifier-engine>=1.4,<2) admits every 1.x release;
+# it with scripts/lock.sh. pyproject.toml's range (classifier-engine>=1.5,<2) admits every 1.x release;
 # a 2.0 needs that range moved too, by hand, after reading the changelog.
 # Then: pip install -c constraints.txt -e ".[dev]" && pytest
 set -euo pipefail
