@@ -173,6 +173,17 @@ class TrainerCLI(LightningCLI):
         super().__init__(model_class, ImageDataModule, subclass_mode_data=True, **kwargs)
 
     @override
+    def setup_parser(
+        self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+    ) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if not add_subcommands:
+            # A run's config.yaml records fit's own options (ckpt_path, ...): such a file builds the classes without
+            # a subcommand too (export.py --config runs/.../config.yaml), where those options are not used.
+            self.parser.add_method_arguments(Trainer, "fit", skip={"model", "train_dataloaders", "val_dataloaders",
+                                                                   "datamodule"})  # fmt: skip
+
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for key in linked_settings(self.model_class):  # the contract's LinkedFromData the model takes
             parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
