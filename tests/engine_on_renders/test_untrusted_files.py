@@ -191,6 +191,19 @@ def test_the_bytes_checked_are_the_bytes_restored_and_a_tensor_holds_what_it_cla
     assert writer.load_checkpoint(tmp_path / "gone.ckpt") is handed  # the file does not even exist any more
 
 
+def test_a_network_a_checkpoint_widens_is_refused_before_it_is_built(trained, tmp_path):
+    root, run = trained
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["backbone"]["init_args"]["width"] = 200_000  # terabytes of weights, a plain int
+    torch.save(checkpoint, tmp_path / "wide.ckpt")
+    before = tree(root / "runs")
+    result = run_cli("predict", "--config", str(run / "config.yaml"), f"--ckpt_path={tmp_path / 'wide.ckpt'}",
+                     cwd=root, check=False)  # fmt: skip
+    assert result.returncode != 0 and result.stderr.count("\n") == 1, result.stderr[-3000:]
+    assert "hyper_parameters.backbone builds a network of" in result.stderr and "MiB of weights" in result.stderr
+    assert tree(root / "runs") == before
+
+
 def test_a_command_reads_its_checkpoint_once(trained, monkeypatch):
     """The bytes checked are the bytes restored: ``validate`` unpickles the file once, and Lightning's restore gets
     that dict (a file replaced between two reads could not slip past the checks)."""

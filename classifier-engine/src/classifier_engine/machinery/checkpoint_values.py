@@ -38,7 +38,7 @@ from jsonargparse import Namespace
 
 from ..foundation.errors import UserError
 from ..foundation.plain_values import Strings, admits
-from ..models.starting_weights import starting_weights_arguments
+from ..models.starting_weights import building_for_checkpoint, starting_weights_arguments
 
 # Packages whose own classes (defined there, not merely imported) a checkpoint's class spec may name: the
 # library, torch's layers, losses and optimizers, timm's networks and losses. The project's package is added.
@@ -362,3 +362,28 @@ def labels_and_task(hparams: dict, source: object) -> tuple[list[str] | None, st
     if not admits(Literal["multiclass", "multilabel"] | None, task, "literals"):
         raise refusal(source, "hyper_parameters.task", f"is not multiclass or multilabel ({describe(task)})")
     return (list(names) if names is not None else None), task
+
+
+def check_network_size(spec: Namespace, num_classes: int, checkpoint: dict, source: object, key: str) -> None:
+    """A network spec taken from a checkpoint builds no more than the weights the file holds.
+
+    The network is built once on the meta device (no memory), so a width of millions in an otherwise plain spec is
+    refused in one line before the real build would ask for terabytes. A spec that cannot be built there is left
+    to the real build, which says what is wrong.
+    """
+    module, _, name = spec.class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    try:
+        with torch.device("meta"), building_for_checkpoint():
+            network = cls(num_classes, **spec.init_args.as_dict())
+        tensors = [*network.parameters(), *network.buffers()] if isinstance(network, torch.nn.Module) else []
+    except Exception:
+        return
+    size = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+    held = sum(tensor.numel() * tensor.element_size() for tensor in checkpoint.get("state_dict", {}).values())
+    if size > held + 2**20:
+        raise refusal(
+            source,
+            key,
+            f"builds a network of {size / 2**20:.0f} MiB where the checkpoint holds {held / 2**20:.0f} MiB of weights",
+        )

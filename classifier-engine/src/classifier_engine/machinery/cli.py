@@ -33,6 +33,7 @@ from .checkpoint_io import read_checkpoint
 from .checkpoint_values import (
     SCHEMA_PACKAGES,
     check_fits,
+    check_network_size,
     labels_and_task,
     package_of,
     refusal,
@@ -267,12 +268,16 @@ class TrainerCLI(LightningCLI):
         taken = settings_to_take(
             hparams, resolved.get("model") or {}, self.model_class, "hyper_parameters", path, self.schema_packages
         )
+        class_names, task = labels_and_task(hparams, path)
+        if "backbone" in taken:  # the contract's network: bounded by the weights the file holds before it is built
+            classes = len(class_names) if class_names else taken.get("num_classes", hparams.get("num_classes"))
+            if isinstance(classes, int) and not isinstance(classes, bool):
+                check_network_size(taken["backbone"], classes, stored, path, "hyper_parameters.backbone")
         for key, value in taken.items():
             config.model[key] = value
         data = config.data
         if data.get("init_args") is None:
             return
-        class_names, task = labels_and_task(hparams, path)
         try:
             record = Preprocessing.of_checkpoint(stored)
         except UserError as error:
