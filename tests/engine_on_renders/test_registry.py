@@ -89,7 +89,8 @@ def test_registered_versions_load_in_mlflow_and_are_served_over_http(tracked):
     root = tracked.parents[4]
     result = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "export.py"), "--ckpt_path", str(tracked), "--formats", "onnx,int8",
-         "--calibration_images", "64", "--max_int8_drop", "100", "--register", "tiny-cifar", "--alias", "candidate"],
+         "--calibration_images", "64", "--max_int8_drop", "100", "--register", "tiny-cifar", "--alias", "candidate",
+         "--config", str(tracked.parents[1] / "config.yaml")],  # the run's config: its MLflow run takes the export's
         cwd=root, capture_output=True, text=True, timeout=600, env=cli_env(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

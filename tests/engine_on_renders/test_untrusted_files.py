@@ -213,7 +213,7 @@ def test_a_command_reads_its_checkpoint_once(trained, monkeypatch):
     real_load = torch.load
     monkeypatch.setattr(torch, "load", lambda *args, **kwargs: loads.append(args[0]) or real_load(*args, **kwargs))
     args = ["validate", "--config", str(run / "config.yaml"), f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
-            "--trainer.logger=false", "--trainer.enable_progress_bar=false"]  # fmt: skip
+            "--trainer.enable_progress_bar=false"]  # fmt: skip
     cli = TrainerCLI(ImageClassifier, default_config=default_config(), args=args)
     assert cli.trainer.state.finished and len(loads) == 1
 

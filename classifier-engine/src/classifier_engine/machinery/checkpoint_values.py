@@ -81,6 +81,20 @@ def constructor_hints(cls: type) -> dict[str, Any]:
     return hints
 
 
+def constructor_arguments(cls: type) -> set[str]:
+    """Every named constructor argument of ``cls``, typed or not, following ``**kwargs`` to the base classes."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        names |= {p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
+        if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            break
+    return names
+
+
 def as_json(value: Any) -> Any:
     """``value`` as the config's JSON dump holds it (tuples as lists, Namespaces as dicts), to compare."""
     if isinstance(value, Namespace):
@@ -189,7 +203,7 @@ def settings_to_take(
     if not isinstance(stored, dict):
         raise refusal(source, section, "is not a set of settings")
     hints = constructor_hints(target)
-    arguments = set(inspect.signature(target.__init__).parameters)
+    arguments = constructor_arguments(target)
     taken: dict[str, Any] = {}
     for key, value in stored.items():
         where = f"{section}.{key}"

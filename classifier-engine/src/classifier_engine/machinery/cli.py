@@ -235,10 +235,14 @@ class TrainerCLI(LightningCLI):
         if isinstance(checkpoint, Path):
             self.checkpoint_read = (checkpoint, stored)  # read once: Lightning's restore gets this very dict
         config.ckpt_path = str(checkpoint) if checkpoint is not None else None
+        if subcommand == "fit" and isinstance(checkpoint, Path):
+            # A resumed fit takes no setting from the checkpoint: its config is compared with the checkpoint's
+            # instead, and changes are refused unless allowed, so a change is never silently undone. What the file
+            # says is still held to the schema: a checkpoint that is not data of this project is refused here too.
+            settings_to_take(stored["hyper_parameters"], resolved_config(parser, config).get("model") or {},
+                             self.model_class, "hyper_parameters", checkpoint, self.schema_packages)  # fmt: skip
         if subcommand != "fit":
-            # Evaluation takes the model's settings from the checkpoint, as checkpoint_values admits them. A
-            # resumed fit does not: its config is compared with the checkpoint's instead, and changes are
-            # refused unless allowed, so a change is never silently undone.
+            # Evaluation takes the model's settings from the checkpoint, as checkpoint_values admits them.
             if isinstance(checkpoint, Path):
                 self._take_checkpoint_settings(parser, config, checkpoint, stored, data_settings=False)
             data = data_fingerprint(subcommand, self.config[subcommand].data)
