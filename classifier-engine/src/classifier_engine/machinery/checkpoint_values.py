@@ -195,10 +195,10 @@ def settings_to_take(
 
     A setting the config already gives equally is left alone. Any other is taken only as plain data of its
     declared type (a free string only as a name), or as a class spec that passes ``strict_spec``; else the
-    checkpoint is refused. With ``only_plain`` (the data's settings, where the config's folders stand), a
-    class spec, a free string or a value of another type is not taken and the config's stands, and a
-    string is taken only from a ``Literal``. A key ``target`` does not take is never read. ``config``: the
-    section as the config's JSON dump holds it.
+    checkpoint is refused, as it is for a key ``target`` does not take (a checkpoint of another model). With
+    ``only_plain`` (the data's settings, where the config's folders stand), such a key, a class spec, a free
+    string or a value of another type is not taken and the config's stands, and a string is taken only from
+    a ``Literal``. ``config``: the section as the config's JSON dump holds it.
     """
     if not isinstance(stored, dict):
         raise refusal(source, section, "is not a set of settings")
@@ -207,8 +207,13 @@ def settings_to_take(
     taken: dict[str, Any] = {}
     for key, value in stored.items():
         where = f"{section}.{key}"
-        if not isinstance(key, str) or key not in arguments or key.startswith("_"):
-            continue  # nothing builds from it (Lightning's _instantiator and _class_path among them)
+        if isinstance(key, str) and key.startswith("_"):
+            continue  # Lightning's _instantiator and _class_path: nothing reads them
+        if not isinstance(key, str) or key not in arguments:
+            if only_plain:
+                continue  # the data's: not read
+            name = key if isinstance(key, str) and key.isprintable() and len(key) <= 60 else describe(key)
+            raise refusal(source, f"{section}.{name}", f"is not an argument of {target.__name__}")
         if key in config and as_json(value) == as_json(config[key]):
             continue
         strings: Strings = "any" if key in LABEL_KEYS else "literals" if only_plain else "names"
