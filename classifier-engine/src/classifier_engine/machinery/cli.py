@@ -239,8 +239,7 @@ class TrainerCLI(LightningCLI):
             # A resumed fit takes no setting from the checkpoint: its config is compared with the checkpoint's
             # instead, and changes are refused unless allowed, so a change is never silently undone. What the file
             # says is still held to the schema: a checkpoint that is not data of this project is refused here too.
-            settings_to_take(stored["hyper_parameters"], resolved_config(parser, config).get("model") or {},
-                             self.model_class, "hyper_parameters", checkpoint, self.schema_packages)  # fmt: skip
+            self._hold_to_schema(stored, checkpoint)
         if subcommand != "fit":
             # Evaluation takes the model's settings from the checkpoint, as checkpoint_values admits them.
             if isinstance(checkpoint, Path):
@@ -251,6 +250,16 @@ class TrainerCLI(LightningCLI):
         self.run = Run.plan(subcommand, identity, experiment, checkpoint, stored, allow_change)
         if launched_as_rank_zero():  # the process that writes the run holds it from here on
             self.run.take()
+
+    def _hold_to_schema(self, stored: dict[str, Any], path: object) -> None:
+        """Refuse, in one line, a checkpoint whose model settings ``checkpoint_values`` would not admit."""
+        subcommand = self.config.get("subcommand")
+        parser, config = (
+            (self._parser(subcommand), self.config[subcommand]) if subcommand else (self.parser, self.config)
+        )
+        model = resolved_config(parser, config).get("model") or {}
+        settings_to_take(stored["hyper_parameters"], model, self.model_class, "hyper_parameters", path,
+                         self.schema_packages)  # fmt: skip
 
     def _take_checkpoint_settings(
         self,
@@ -345,8 +354,15 @@ class TrainerCLI(LightningCLI):
         plugins, self.checkpoint_writer = with_atomic_writes(trainer.get("plugins"))
         if self.checkpoint_read is not None:
             self.checkpoint_writer.hand_over(*self.checkpoint_read)
-        model = self.model
-        self.checkpoint_writer.fits = lambda checkpoint, source: check_fits(checkpoint, model, source)
+        model, read = self.model, self.checkpoint_read
+
+        def fits(checkpoint: dict[str, Any], source: object) -> None:
+            """What Lightning restores (the dict read already, or a file it found itself: hpc) fits the model."""
+            if read is None or checkpoint is not read[1]:
+                self._hold_to_schema(checkpoint, source)
+            check_fits(checkpoint, model, source)
+
+        self.checkpoint_writer.fits = fits
         built = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
         monitor_what_the_labels_have(built, self.model)
         return built

@@ -34,13 +34,15 @@ ON_THIS_PROCESS = (
 @contextmanager
 def quiet_lightning() -> Iterator[None]:
     """Without the lines Lightning prints as it builds a trainer (the seed, the accelerators): no trainer runs here."""
-    logger = logging.getLogger("lightning.pytorch")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 @dataclass(frozen=True)
