@@ -296,6 +296,7 @@ class TrainerCLI(LightningCLI):
         except UserError as error:
             raise refusal(path, "preprocessing", f"is not a record of this project ({error})") from error
         trained = {"class_names": class_names, "task": task, **(record.as_dict() if record else {})}
+        recorded = {key: value for key, value in trained.items() if value is not None}  # None: not recorded
         if data_settings:
             stored_data = stored.get("datamodule_hyper_parameters") or {}
             recorded_class = stored_data.get("_class_path") if isinstance(stored_data, dict) else None
@@ -303,10 +304,11 @@ class TrainerCLI(LightningCLI):
                 raise refusal(path, "datamodule_hyper_parameters._class_path", f"is not {data.class_path}, the "
                               "DataModule the config builds")  # fmt: skip
             settings = resolved["data"].get("init_args") or {}
-            trained = settings_to_take(stored_data, settings, imported(data.class_path), "datamodule_hyper_parameters",
-                                       path, self.schema_packages, only_plain=True) | trained  # fmt: skip
-        for key, value in trained.items():
-            if value is not None and key in data.init_args:
+            # The split's settings as recorded, None included (data.fold: null, no fold held out).
+            recorded = settings_to_take(stored_data, settings, imported(data.class_path), "datamodule_hyper_parameters",
+                                        path, self.schema_packages, only_plain=True) | recorded  # fmt: skip
+        for key, value in recorded.items():
+            if key in data.init_args:
                 data.init_args[key] = value
 
     @override
