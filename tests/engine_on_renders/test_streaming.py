@@ -270,7 +270,8 @@ def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed)
     _, env = packed
     checkpoint = only_run_dir(root) / "checkpoints" / "last.ckpt"
     result = subprocess.run(
-        [sys.executable, str(PHOTO_ROOT / "export.py"), f"--ckpt_path={checkpoint}", "--formats=onnx"],
+        [sys.executable, str(PHOTO_ROOT / "export.py"), f"--ckpt_path={checkpoint}", "--formats=onnx",
+         "--config", str(checkpoint.parents[1] / "config.yaml")],  # the store is the config's, never the checkpoint's
         cwd=root, capture_output=True, text=True, timeout=300, env=cli_env(**env),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

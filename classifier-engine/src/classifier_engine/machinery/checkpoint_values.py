@@ -272,12 +272,14 @@ def check_structure(checkpoint: dict, source: object) -> None:
             _check_checkpoint_paths(state, f"callbacks.{name}", source)
 
 
-# The files a checkpoint writer's state names, which it may later delete as worse than a new one.
-WRITER_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
+# The files a checkpoint writer's state names that it may later delete (as worse than a new one, or as the previous
+# last): Lightning restores them only when the state's folder is the writer's own, so they must lie in that folder.
+# (Its best_model_path is restored whatever the folder, and a run moved elsewhere keeps the old one: never deleted.)
+WRITER_PATHS = ("kth_best_model_path", "last_model_path")
 
 
 def _check_checkpoint_paths(state: dict, key: str, source: object) -> None:
-    """A checkpoint writer's recorded files are all in its own folder: a checkpoint never names others to delete."""
+    """The files a checkpoint writer may delete are in its own folder: a checkpoint never names others to delete."""
     folder = state.get("dirpath")
     best_k = state.get("best_k_models") or {}
     if not isinstance(folder, str | type(None)) or not isinstance(best_k, dict):
