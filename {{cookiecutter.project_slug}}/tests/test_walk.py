@@ -55,7 +55,9 @@ def test_fit_stop_resume_test_predict_and_export(tmp_path):
     run_command("main.py", "predict", *evaluation, cwd=tmp_path)
     assert list(run_dir.rglob("predictions*.csv"))
 
-    run_command("export.py", "--ckpt_path", str(last), "--max_int8_drop", "100", "--tolerance", "0.05", cwd=tmp_path)
+    # The run's own config builds the model and finds its data: a checkpoint names no folder an export follows.
+    shipping = ["--config", str(run_dir / "config.yaml"), "--max_int8_drop", "100", "--tolerance", "0.05"]
+    run_command("export.py", "--ckpt_path", str(last), *shipping, cwd=tmp_path)
     card = json.loads((last.parent / "export" / "model.card.json").read_text())
     assert sorted(card["artifacts"]) == ["int8", "onnx", "pt2"] and card["evaluation"]["images"] > 0
     assert card["source"]["config_hash"].startswith(run_dir.name)
