@@ -29,7 +29,7 @@ import json
 import os
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,41 +58,42 @@ def refusal(source: object, key: str, why: str) -> CheckpointError:
     return CheckpointError(f"{source}: {key} {why}; {HOW_TO_TRUST}")
 
 
+def _constructors(cls: type) -> Iterator[Any]:
+    """The ``__init__`` of ``cls``, then of each base class its ``**kwargs`` passes arguments on to."""
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        yield init
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            return
+
+
+def constructor_arguments(cls: type) -> set[str]:
+    """Every named constructor argument of ``cls``, typed or not, following ``**kwargs`` to the base classes."""
+    return {
+        p.name
+        for init in _constructors(cls)
+        for p in inspect.signature(init).parameters.values()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"
+    }
+
+
 def constructor_hints(cls: type) -> dict[str, Any]:
     """The annotated constructor arguments of ``cls``, following ``**kwargs`` to the base classes that take them.
 
     An argument without an annotation (or one whose annotation cannot be resolved) is left out: untyped.
     """
     hints: dict[str, Any] = {}
-    for klass in cls.__mro__:
-        init = vars(klass).get("__init__")
-        if init is None:
-            continue
+    for init in _constructors(cls):
         try:
             resolved = typing.get_type_hints(init)
         except Exception:  # a name the annotation uses is not importable here: the argument counts as untyped
             resolved = {}
-        parameters = inspect.signature(init).parameters.values()
-        for parameter in parameters:
-            if parameter.name in resolved and parameter.name not in hints and parameter.name != "self":
-                hints[parameter.name] = resolved[parameter.name]
-        if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
-            break
+        for name in inspect.signature(init).parameters:
+            if name in resolved and name != "self":
+                hints.setdefault(name, resolved[name])
     return hints
-
-
-def constructor_arguments(cls: type) -> set[str]:
-    """Every named constructor argument of ``cls``, typed or not, following ``**kwargs`` to the base classes."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = vars(klass).get("__init__")
-        if init is None:
-            continue
-        parameters = inspect.signature(init).parameters.values()
-        names |= {p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
-        if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
-            break
-    return names
 
 
 def as_json(value: Any) -> Any:
