@@ -236,6 +236,15 @@ def test_both_of_torch_s_reports_of_a_dead_loader_worker_are_named(tmp_path, tor
     trainer = SimpleNamespace(state=SimpleNamespace(fn=None), datamodule=SimpleNamespace(num_workers=2))
     line = describe_fault(RuntimeError(torch_says), trainer, tmp_path, None)
     assert line.startswith(f"a data loader worker {named}") and "lower data.num_workers (now 2)" in line, line
+    # The handler raises in whatever the main thread runs: inside TensorBoard's add_scalar, Lightning raises again.
+    try:
+        try:
+            raise RuntimeError(torch_says)
+        except RuntimeError as report:
+            raise ValueError("you tried to log 262.3 which is currently not supported.") from report
+    except ValueError as raised_again:
+        line = describe_fault(raised_again, trainer, tmp_path, None)
+    assert line.startswith(f"a data loader worker {named}"), line
 
 
 class UndecodablePhotos(torch.utils.data.Dataset):

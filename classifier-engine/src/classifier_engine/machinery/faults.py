@@ -63,6 +63,21 @@ def saved_state(run_dir: Path) -> tuple[str, str]:
     return f"{path} (step {step}) is the run's newest checkpoint", f"--ckpt_path {path}"
 
 
+def worker_death(error: BaseException) -> re.Match[str] | None:
+    """torch's report of a dead loader worker, wherever it sits in ``error``'s chain.
+
+    torch's SIGCHLD handler raises in whatever the main thread runs at that moment; a library that catches and
+    raises again (a logger writing a scalar, say) leaves torch's report as the cause or the context.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, RuntimeError) and (found := WORKER_KILLED.search(str(error))):
+            return found
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def how_it_diverged(error: BaseException, first_nonfinite_step: int | None) -> str:
     """``the loss stopped being finite at step N`` when the guard saw it, else what the raiser said."""
     return f"the loss stopped being finite at step {first_nonfinite_step}" if first_nonfinite_step else str(error)
@@ -100,7 +115,7 @@ def describe_fault(error: BaseException, trainer: L.Trainer, run_dir: Path, firs
             f"out of GPU memory{step} with {batch}; {state}lower the batch per device{keep_step}, or use "
             f"trainer.precision bf16-mixed, or data.storage memmap to keep the images off the GPU, then {again}"
         )
-    killed = WORKER_KILLED.search(str(error)) if isinstance(error, RuntimeError) else None
+    killed = worker_death(error)
     if killed is not None:
         # torch names the signal when its SIGCHLD handler sees the death first, else only that the worker exited
         pid, signal_name = killed.group(1).strip(), killed.group(2)
