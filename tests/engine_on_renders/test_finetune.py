@@ -170,7 +170,9 @@ def test_the_default_fine_tune_fits_the_folder_and_says_so_in_one_line(tmp_path,
     line = plan_line(result.stdout + result.stderr)
     assert line.endswith(
         "Fine-tuning 27 training images: 2 epochs of 1 step, batch 16 (1 step an epoch), no MixUp below 20,000 "
-        "images, head alone for 1 epoch, the weights averaged over about the last 1 of 2 steps"
+        "images, head alone for 1 epoch, the head first fitted as a linear probe (LP-FT), BatchNorm statistics kept "
+        "as pretrained (batches of a few photos would re-estimate them badly), the better of probe and fine-tune "
+        "kept, the weights averaged over about the last 1 of 2 steps"
     )
     (run_dir,) = {path.parents[1] for path in tmp_path.glob("runs/images/*/checkpoints/last.ckpt")}
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["init_args"]
@@ -268,7 +270,11 @@ def test_the_default_fine_tune_trains_the_head_then_everything_from_a_weights_fi
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-3000:]
     card = (run.parent / "export" / "model.card.md").read_text()
-    assert "- Weights: the moving average of the training weights over 6 updates (EMAWeights)" in card
+    (weights_line,) = [line for line in card.splitlines() if line.startswith("- Weights: ")]
+    if "kept over its linear probe" in weights_line:  # else the probe was kept: the starting network and its head
+        assert weights_line.startswith("- Weights: the moving average of the training weights over 6 updates (EMAWeights)")
+    else:
+        assert "the starting network with a head fitted on its frozen features" in weights_line, weights_line
 
 
 @pytest.mark.slow  # two CPU processes, two epochs of the default network at 32 px

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Move this project to another classifier-engine release, locks included, in one command:
-#   scripts/upgrade_engine.sh 1.5.0                     # from the package index
-#   scripts/upgrade_engine.sh 1.5.0 'git+https://github.com/<owner>/<repo>@<commit>#subdirectory=classifier-engine'
-#   scripts/upgrade_engine.sh 1.5.0 file:///path/to/template/classifier-engine
+#   scripts/upgrade_engine.sh 1.6.0                     # from the package index
+#   scripts/upgrade_engine.sh 1.6.0 'git+https://github.com/<owner>/<repo>@<commit>#subdirectory=classifier-engine'
+#   scripts/upgrade_engine.sh 1.6.0 file:///path/to/template/classifier-engine
 # It sets the release (and where it comes from) in both lock files, then refreshes every other pin against
-# it with scripts/lock.sh. pyproject.toml's range (classifier-engine>=1.5,<2) admits every 1.x release;
+# it with scripts/lock.sh. pyproject.toml's range (classifier-engine>=1.6,<2) admits every 1.x release;
 # a 2.0 needs that range moved too, by hand, after reading the changelog.
 # Then: pip install -c constraints.txt -e ".[dev]" && pytest
 set -euo pipefail

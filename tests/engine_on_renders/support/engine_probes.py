@@ -217,3 +217,17 @@ class TinyNet(torch.nn.Sequential):
     def __init__(self, num_classes: int, hidden: int = 8) -> None:
         nn = torch.nn
         super().__init__(nn.Flatten(), nn.Linear(3 * 32 * 32, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+
+class SpoilTheFineTune(L.Callback):
+    """A fine-tune that hurt: heavy noise in the backbone's weights at the start of the final validation."""
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        last = trainer.current_epoch >= trainer.max_epochs - 1
+        if trainer.sanity_checking or not last:
+            return
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for parameter in pl_module.backbone.parameters():
+                noise = torch.randn(parameter.shape, generator=generator).to(parameter)
+                parameter.add_(noise * (3 * parameter.std().nan_to_num() + 1))

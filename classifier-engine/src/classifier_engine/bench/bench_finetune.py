@@ -1,37 +1,40 @@
-"""The default fine-tune against a plain one of the same weights, in this pipeline and in a hand-written script.
+"""The default fine-tune against its own linear probe, fastai's ``fine_tune`` and plain recipes, on the same weights.
 
     python -m classifier_engine.bench finetune --image_dir photos/ [--network NAME] [--weights_path FILE]
-        [--epochs 5] [--seeds 3] [--device auto|cuda|cpu] [--quick]
+        [--epochs 5] [--seeds 3] [--device auto|cuda|cpu] [--fastai_python PATH] [--quick]
 
-``image_dir`` holds ``train/`` and ``val/`` folders of class folders (the hand-written script reads
-them as ``ImageFolder``s). Three arms, at the same epochs, from the same pretrained weights, each
-seed run on every arm in turn:
+``image_dir`` holds ``train/`` and ``val/`` folders of class folders (the scripts read them as
+``ImageFolder``s). The arms, at the same epochs, from the same pretrained weights, each seed run on every
+arm in turn:
 
-- **default**: ``python main.py fit --config configs/images.yaml`` as shipped: the recipe that fits
-  the folder (batch, head-first epoch and MixUp from the number of photos), zero-initialised head,
-  warm-up and cosine, the body at a tenth of the head's rate, label smoothing, the weights' moving
-  average, test-time flip;
+- **default**: ``python main.py fit --config configs/images.yaml`` as shipped: the linear probe first, then
+  the recipe that fits the folder, the better of the two kept;
+- **probe**: ``fit --recipe probe``: the linear probe alone (a logistic regression on the frozen features,
+  its L2 strength chosen on folds of the training images), the strongest simple baseline;
 - **plain**: the same pipeline with PyTorch's transfer-learning tutorial's recipe: every layer trains
   from the first step with SGD at lr 0.001, momentum 0.9 and a constant rate, batch 32, plain
-  cross-entropy, timm's random head, no average, the last weights evaluated on one view;
+  cross-entropy, timm's random head, no probe, no average, the last weights evaluated on one view;
 - **script**: ``classifier_engine/bench/plain_finetune.py``, the same recipe as a timm + torchvision
-  ``ImageFolder`` + ``DataLoader`` script a user writes, which knows nothing of this project.
+  ``ImageFolder`` + ``DataLoader`` script a user writes, which knows nothing of this project;
+- **fastai** (with ``--fastai_python``, the Python of an environment where fastai is installed; it is not
+  a dependency of the project): ``bench/fastai_finetune.py``, fastbook's recipe for a small folder,
+  ``vision_learner(...).fine_tune(epochs - 1, freeze_epochs=1)``.
 
-It prints a table of each run's final validation top-1 and its seconds per epoch (training and
-validation; for the pipeline's runs the median time between epoch ends, read from TensorBoard,
-so the one-time packing is not counted), and as its last line one JSON object: each arm's mean
-and standard deviation of top-1 and seconds per epoch, and the default's gain over the script in
-points. The weights come from the Hugging Face cache (``HF_HUB_OFFLINE=1`` works once they are
+It prints a table of each run's final validation top-1 and its CPU seconds (the whole command, the
+one-time packing of the pipeline's first run included), and as its last line one JSON object: each arm's
+mean and standard deviation of top-1 and CPU seconds, and the default's lead over the probe and over
+fastai in points. The weights come from the Hugging Face cache (``HF_HUB_OFFLINE=1`` works once they are
 there) or ``--weights_path``.
 
 ``--quick`` (what the tests run) checks the script works: generated photos, a small timm network from
-random weights, 32 px, one epoch; its figures mean nothing.
+random weights, 32 px, two epochs; its figures mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,7 +49,8 @@ from .project import PROJECT_ROOT as PROJECT
 
 IMAGES_CONFIG = PROJECT / "configs" / "images.yaml"
 SCRIPT = Path(__file__).resolve().parent / "plain_finetune.py"
-ARMS = ("default", "plain", "script")
+FASTAI_SCRIPT = Path(__file__).resolve().parent / "fastai_finetune.py"
+ARMS = ("default", "probe", "plain", "script", "fastai")
 PLAIN = [
     "--model.optimizer=torch.optim.SGD",
     "--model.optimizer.lr=0.001",
@@ -61,7 +65,7 @@ PLAIN = [
     "--model.test_time_augmentation=null",
     "--data.batch_size=32",
     "--data.mixup_alpha=0.0",
-    "--trainer.callbacks=[]",  # no head-first epoch, no weight average (and none of the logging callbacks)
+    "--trainer.callbacks=[]",  # no probe, no head-first epoch, no weight average (nor the logging callbacks)
 ]
 
 
@@ -79,40 +83,45 @@ def write_photos(folder: Path, per_class: int = 12) -> None:
                 Image.fromarray(pixels).save(folder / split / f"class_{label}" / f"{index}.jpg", quality=90)
 
 
-def read_run(run_dir: Path) -> tuple[float, float]:
-    """(the last val/top1, the median seconds between epoch ends) of a pipeline run."""
+def read_run(run_dir: Path) -> float:
+    """The last val/top1 of a pipeline run (its final validation: the model it ships)."""
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    scalars = events.Scalars("val/top1")
-    ends = [scalar.wall_time for scalar in scalars]
-    gaps = np.diff(ends) if len(ends) > 1 else [float("nan")]
-    return scalars[-1].value, float(np.median(gaps))
+    return events.Scalars("val/top1")[-1].value
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def train(arm: str, args: argparse.Namespace, seed: int, scratch: Path) -> tuple[float, float]:
-    """One run of ``arm``; returns (final val top-1, seconds per epoch)."""
+    """One run of ``arm``; returns (final val top-1, CPU seconds of the command)."""
     root = scratch / f"{arm}-{seed}"
     root.mkdir()
     weights = [f"--weights_path={args.weights_path}"] if args.weights_path else []
-    if arm == "script":
-        command = [sys.executable, str(SCRIPT), f"--train_dir={args.image_dir / 'train'}",
-                   f"--val_dir={args.image_dir / 'val'}", f"--network={args.network}", f"--epochs={args.epochs}",
+    folders = [f"--train_dir={args.image_dir / 'train'}", f"--val_dir={args.image_dir / 'val'}"]
+    if arm in ("script", "fastai"):
+        python, script = (sys.executable, SCRIPT) if arm == "script" else (args.fastai_python, FASTAI_SCRIPT)
+        command = [str(python), str(script), *folders, f"--network={args.network}", f"--epochs={args.epochs}",
                    f"--seed={seed}", *weights, *args.script_extra]  # fmt: skip
     else:
-        command = [sys.executable, str(PROJECT / "main.py"), "fit", "--config", str(IMAGES_CONFIG),
-                   *(PLAIN if arm == "plain" else []), f"--model.backbone.name={args.network}",
+        recipe = {"plain": PLAIN, "probe": ["--recipe=probe"]}.get(arm, [])
+        command = [sys.executable, str(PROJECT / "main.py"), "fit", "--config", str(IMAGES_CONFIG), *recipe,
+                   f"--model.backbone.name={args.network}",
                    *[f"--model.backbone.{option.lstrip('-')}" for option in weights], *args.pipeline_extra,
                    f"--data.image_dir={args.image_dir}", f"--data.cache_dir={scratch / 'packed'}",
                    f"--trainer.max_epochs={args.epochs}", f"--seed_everything={seed}",
                    f"--trainer.accelerator={args.device}", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    before = children_cpu_seconds()
     result = subprocess.run(command, cwd=root, capture_output=True, text=True)
+    cpu_seconds = children_cpu_seconds() - before
     if result.returncode != 0:
         sys.exit(f"error: the {arm} run (seed {seed}) failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
-    if arm == "script":
-        figures = json.loads(result.stdout.strip().splitlines()[-1])
-        return figures["val_top1"][-1], figures["seconds_per_epoch"]
+    if arm in ("script", "fastai"):
+        return json.loads(result.stdout.strip().splitlines()[-1])["val_top1"][-1], cpu_seconds
     (run_dir,) = {path.parent for path in root.glob("runs/images/*/events.out.tfevents.*")}
-    return read_run(run_dir)
+    return read_run(run_dir), cpu_seconds
 
 
 def main() -> None:
@@ -123,6 +132,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--device", default="auto", help="trainer.accelerator of the pipeline's arms")
+    parser.add_argument("--fastai_python", type=Path, help="the Python of an environment with fastai: its arm runs")
+    parser.add_argument("--arms", default=",".join(ARMS), help="which arms to run, comma-separated")
     parser.add_argument("--quick", action="store_true", help="a tiny run that checks the benchmark works")
     args = parser.parse_args()
     args.pipeline_extra, args.script_extra = [], []
@@ -138,20 +149,25 @@ def main() -> None:
         args.image_dir = args.image_dir.expanduser().resolve()
         if args.weights_path:
             args.weights_path = args.weights_path.expanduser().resolve()
-        results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in ARMS}
-        print("| arm | seed | val top-1 | seconds per epoch |\n| --- | --- | --- | --- |")
+        arms = [arm for arm in args.arms.split(",") if arm != "fastai" or args.fastai_python]
+        if unknown := set(arms) - set(ARMS):
+            parser.error(f"--arms: unknown {sorted(unknown)}; choose among {', '.join(ARMS)}")
+        results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
+        print("| arm | seed | val top-1 | CPU seconds |\n| --- | --- | --- | --- |")
         for seed in range(args.seeds):
-            for arm in ARMS:
+            for arm in arms:
                 top1, seconds = train(arm, args, seed, scratch)
                 results[arm].append((top1, seconds))
-                print(f"| {arm} | {seed} | {100 * top1:.2f} % | {seconds:.1f} |", flush=True)
+                print(f"| {arm} | {seed} | {100 * top1:.2f} % | {seconds:.0f} |", flush=True)
     summary: dict[str, object] = {"network": args.network, "epochs": args.epochs, "seeds": args.seeds}
     for arm, runs in results.items():
         tops, seconds = [top for top, _ in runs], [second for _, second in runs]
         summary[f"{arm}_top1"] = statistics.mean(tops)
         summary[f"{arm}_top1_sd"] = statistics.stdev(tops) if len(tops) > 1 else 0.0
-        summary[f"{arm}_seconds_per_epoch"] = statistics.mean(seconds)
-    summary["default_minus_script_points"] = 100 * (summary["default_top1"] - summary["script_top1"])
+        summary[f"{arm}_cpu_seconds"] = statistics.mean(seconds)
+    for other in ("probe", "fastai", "script"):
+        if "default" in results and other in results:
+            summary[f"default_minus_{other}_points"] = 100 * (summary["default_top1"] - summary[f"{other}_top1"])
     print(json.dumps(summary))
 
 

@@ -48,6 +48,7 @@ from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
 from .launch import launched_as_rank_zero, leave_the_process_group
 from .loggers import check_tracker_packages, experiment_dir
+from .recipe import Recipe, probe_alone
 from .monitors import monitor_what_the_labels_have
 from .noise import silence_known_noise
 from .resolution import resolve_checkpoint
@@ -201,6 +202,13 @@ class TrainerCLI(LightningCLI):
             help="Resume a run whose config differs (e.g. more max_epochs to extend it); both configs are recorded.",
         )
         parser.add_argument(
+            "--recipe",
+            type=Recipe,
+            default="finetune",
+            help="fit: finetune (a config's LinearProbe fits the head, then the fine-tune; the better is kept) or "
+            "probe (the linear probe alone, one epoch of one dropped step: a calibrated model in about a minute).",
+        )
+        parser.add_argument(
             "--allow_fresh_start",
             type=bool,
             default=False,
@@ -319,6 +327,8 @@ class TrainerCLI(LightningCLI):
             rank_zero_info(note)
         if self.run is None:
             return
+        if self.subcommand == "fit" and self.config.fit.recipe == "probe":
+            probe_alone(self.config.fit.trainer)
         self.run.place(self.config[self.subcommand].trainer)
         self.save_config_kwargs["run"] = self.run
 

@@ -60,8 +60,30 @@ def source_line(source: dict) -> str:
             f"config hash {source['config_hash']}{checkpoint_digest(source)})")  # fmt: skip
 
 
+def probe_choice(checkpoint: dict) -> tuple[str, str] | None:
+    """What a ``LinearProbe`` decided at the final validation: (kept, in words), or None where none decided."""
+    state = checkpoint.get("callbacks", {}).get("LinearProbe")
+    if not isinstance(state, dict) or state.get("kept") not in ("probe", "fine-tune"):
+        return None
+    probe, fine_tune = float(state.get("probe_top1", float("nan"))), float(state.get("fine_tune_top1", float("nan")))
+    if state["kept"] == "probe" and fine_tune != fine_tune:  # NaN: the probe alone (fit --recipe probe)
+        return "probe", f"the linear probe alone (validation top-1 {probe:.3f})"
+    if state["kept"] == "probe":
+        return "probe", f"its linear probe, kept: validation top-1 {probe:.3f} against the fine-tune's {fine_tune:.3f}"
+    return "fine-tune", f"kept over its linear probe: validation top-1 {fine_tune:.3f} against the probe's {probe:.3f}"
+
+
 def shipped_weights(checkpoint: dict) -> str:
-    """Which weights the checkpoint's state_dict holds: a weight average's (EMAWeights) or the training weights."""
+    """Which weights the checkpoint's state_dict holds: a weight average's (EMAWeights) or the training weights;
+    and, where a linear probe ran, which of probe and fine-tune they are."""
+    choice = probe_choice(checkpoint)
+    if choice is not None and choice[0] == "probe":
+        return f"the starting network with a head fitted on its frozen features: {choice[1]}"
+    weights = averaged_or_trained(checkpoint)
+    return f"{weights}; {choice[1]}" if choice is not None else weights
+
+
+def averaged_or_trained(checkpoint: dict) -> str:
     if "current_model_state" not in checkpoint:
         return "the training weights at that step"
     callbacks = checkpoint.get("callbacks", {})
