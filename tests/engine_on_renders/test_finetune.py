@@ -272,7 +272,8 @@ def test_the_default_fine_tune_trains_the_head_then_everything_from_a_weights_fi
     card = (run.parent / "export" / "model.card.md").read_text()
     (weights_line,) = [line for line in card.splitlines() if line.startswith("- Weights: ")]
     if "kept over its linear probe" in weights_line:  # else the probe was kept: the starting network and its head
-        assert weights_line.startswith("- Weights: the moving average of the training weights over 6 updates (EMAWeights)")
+        averaged = "- Weights: the moving average of the training weights over 6 updates (EMAWeights)"
+        assert weights_line.startswith(averaged), weights_line
     else:
         assert "the starting network with a head fitted on its frozen features" in weights_line, weights_line
 

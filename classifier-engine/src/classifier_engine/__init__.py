@@ -74,6 +74,7 @@ _API: dict[str, str] = {
     "ConfusionMatrix": ".callbacks.confusion_matrix",
     "EvaluationReport": ".callbacks.evaluation_report",
     "ImageThroughput": ".callbacks.throughput",
+    "LinearProbe": ".callbacks.linear_probe",
     "ModelReport": ".callbacks.model_report",
     "PredictionWriter": ".callbacks.prediction_writer",
     "SampleGrid": ".callbacks.sample_grid",

@@ -83,6 +83,16 @@ def write_photos(folder: Path, per_class: int = 12) -> None:
                 Image.fromarray(pixels).save(folder / split / f"class_{label}" / f"{index}.jpg", quality=90)
 
 
+def write_random_weights(network: str, path: Path) -> Path:
+    """A weights file of ``network`` from random initialization (for --quick: the route, not the accuracy)."""
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    torch.save(timm.create_model(network).state_dict(), path)
+    return path
+
+
 def read_run(run_dir: Path) -> float:
     """The last val/top1 of a pipeline run (its final validation: the model it ships)."""
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
@@ -142,8 +152,9 @@ def main() -> None:
         if args.quick:
             args.image_dir, args.network, args.epochs, args.seeds = scratch / "photos", "resnet10t", 2, 1
             write_photos(args.image_dir)
-            args.pipeline_extra = ["--model.backbone.pretrained=false", "--data.image_size=32", "--data.num_workers=0"]
-            args.script_extra = ["--pretrained=0", "--image_size=32", "--workers=0"]
+            args.weights_path = write_random_weights(args.network, scratch / "weights.pth")  # no download
+            args.pipeline_extra = ["--data.image_size=32", "--data.num_workers=0"]
+            args.script_extra = ["--image_size=32", "--workers=0"]
         elif args.image_dir is None:
             parser.error("--image_dir is required (or --quick)")
         args.image_dir = args.image_dir.expanduser().resolve()

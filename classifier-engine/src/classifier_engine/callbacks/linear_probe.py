@@ -20,17 +20,30 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from typing_extensions import override
 
-from ..machinery.model_guarantees import fitting
+from ..foundation.errors import UsageError
 from ..models.domain import find_head
 from ..models.linear_probe import fit_linear_probe, probe_score
 
 NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+RESUMED_WITHOUT = "the run was resumed from a checkpoint without one"
+NO_TRAINING_IMAGES = "the data hands out no training images outside its loaders"
+NO_LINEAR_HEAD = "the classifier head is not one linear layer"
+SKIP_REASONS = (RESUMED_WITHOUT, NO_TRAINING_IMAGES, NO_LINEAR_HEAD)
+
+
+def fitting(trainer: L.Trainer) -> bool:
+    return trainer.state.fn == "fit" and not trainer.sanity_checking
 
 
 def final_validation(trainer: L.Trainer) -> bool:
-    """Whether this validation of ``fit`` is its last: the weights it judges are the ones the run ends with."""
+    """Whether this validation of ``fit`` is its last: the weights it judges are the ones the run ends with.
+
+    At ``max_steps``, or at the end of the last of ``max_epochs`` (not a validation inside that epoch).
+    """
     last_step = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
-    return last_step or (trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs - 1)
+    epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
+    last_epoch = 0 < epochs <= trainer.current_epoch + 1
+    return last_step or (last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
 def split_images(datamodule: Any, split: str) -> tuple[Any, np.ndarray] | None:
@@ -118,27 +131,42 @@ class LinearProbe(L.Callback):
         # The networks that start from pretrained weights say so (models/starting_weights.py), as FreezeBackbone reads.
         self.pretrained = bool(getattr(pl_module.backbone, "pretrained", False))
         if stage == "fit" and self.pretrained:
-            self._start = {name: value.detach().cpu().clone() for name, value in pl_module.backbone.state_dict().items()}
+            weights = pl_module.backbone.state_dict()
+            self._start = {name: value.detach().cpu().clone() for name, value in weights.items()}
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.fitted or self.skipped:  # a resumed run: its probe is restored with the checkpoint
-            return
-        if not self.pretrained:  # nothing to keep: the probe has no features worth fitting
-            return
-        if trainer.global_step > 0:
-            self.skipped = "the run was resumed from a checkpoint without one"
-        else:
-            self.skipped = self._fit_probe(trainer, pl_module)
-        if self.skipped:
-            rank_zero_info(f"LinearProbe: no probe: {self.skipped}")
+        if not self.pretrained:  # nothing to keep: random weights have no features worth a probe
+            self.head_weight = self.head_bias = None
+            self.skipped = ""
+        elif self.fitted:  # a resumed run: its probe came with the checkpoint
+            head = find_head(pl_module, self._blank(pl_module))
+            if head.weight.shape != self.head_weight.shape:
+                raise ValueError(
+                    f"the checkpoint's LinearProbe head is {tuple(self.head_weight.shape)}, the network's "
+                    f"{tuple(head.weight.shape)}"
+                )
+            if not trainer.fit_loop.done:  # an extended run decides again at its new end
+                self.kept, self.fine_tune_top1 = "", float("nan")
+        elif not self.skipped:
+            self.skipped = RESUMED_WITHOUT if trainer.global_step > 0 else self._fit_probe(trainer, pl_module)
+            if self.skipped:
+                rank_zero_info(f"LinearProbe: no probe: {self.skipped}")
+        if not self.fine_tune and not self.fitted:
+            why = self.skipped or "the network starts from random weights"
+            raise UsageError(f"--recipe probe: no linear probe could be fitted ({why}); leave --recipe out")
+
+    @staticmethod
+    def _blank(pl_module: Any) -> Tensor:
+        size = pl_module.image_size
+        return torch.zeros(2, 3, size, size, dtype=torch.uint8, device=pl_module.device)
 
     def _fit_probe(self, trainer: L.Trainer, pl_module: Any) -> str:
         """Fit the probe into the head; an empty string, or why it could not be."""
         started = time.perf_counter()
         training, validation = split_images(trainer.datamodule, "train"), split_images(trainer.datamodule, "val")
         if training is None:
-            return "the data hands out no training images outside its loaders"
+            return NO_TRAINING_IMAGES
         images, labels = training
         rows = np.arange(len(labels))
         if len(rows) > self.max_images:
@@ -152,18 +180,21 @@ class LinearProbe(L.Callback):
                 head = None
             classes = len(pl_module.class_names)
             if not isinstance(head, nn.Linear) or head.out_features != classes:
-                return "the classifier head is not one linear layer"
-            features = self._features(pl_module, images, rows)
-            groups = torch.as_tensor(np.concatenate([rows, rows]))
-            targets = torch.as_tensor(np.concatenate([labels[rows], labels[rows]]))
-            fit = fit_linear_probe(features, targets, groups, classes, pl_module.multilabel, self.folds)
-            fit = trainer.strategy.broadcast(fit, src=0)  # every rank starts from rank 0's head
+                return NO_LINEAR_HEAD
+            fit, probe_top1 = None, float("nan")
+            if trainer.is_global_zero:  # the other ranks take rank 0's head and figure: one decision everywhere
+                features = self._features(pl_module, images, rows)
+                groups = torch.as_tensor(np.concatenate([rows, rows]))
+                targets = torch.as_tensor(np.concatenate([labels[rows], labels[rows]]))
+                fit = fit_linear_probe(features, targets, groups, classes, pl_module.multilabel, self.folds)
+            fit = trainer.strategy.broadcast(fit, src=0)
             with torch.no_grad():
                 head.weight.copy_(fit.weight.to(head.weight))
                 head.bias.copy_(fit.bias.to(head.bias))
             self.head_weight, self.head_bias = fit.weight.clone(), fit.bias.clone()
-            if validation is not None and len(validation[1]):
-                self.probe_top1 = self.score(pl_module, *validation)
+            if trainer.is_global_zero and validation is not None and len(validation[1]):
+                probe_top1 = self.score(pl_module, *validation)
+            self.probe_top1 = trainer.strategy.broadcast(probe_top1, src=0)
         finally:
             pl_module.train(was_training)
         seconds = time.perf_counter() - started
@@ -202,7 +233,9 @@ class LinearProbe(L.Callback):
         return probe_score(torch.cat(logits), torch.from_numpy(np.array(labels)), pl_module.multilabel)
 
     @override
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         # Lightning puts the whole module in train mode at each epoch's start and after each validation.
         if self.fitted and (self.freeze_norm_statistics or not self.fine_tune):
             for module in pl_module.backbone.modules():
@@ -234,7 +267,8 @@ class LinearProbe(L.Callback):
         validation = split_images(trainer.datamodule, "val")
         if validation is None or self.probe_top1 != self.probe_top1:  # nothing to compare on
             return
-        self.fine_tune_top1 = self.score(pl_module, *validation)
+        score = self.score(pl_module, *validation) if trainer.is_global_zero else float("nan")
+        self.fine_tune_top1 = trainer.strategy.broadcast(score, src=0)  # one decision on every rank
         probe_better = self.fine_tune_top1 < self.probe_top1
         self.kept = "probe" if probe_better else "fine-tune"
         if probe_better:
@@ -250,13 +284,25 @@ class LinearProbe(L.Callback):
         """The network's starting weights with the probe's head, in place (an average swapped in takes them)."""
         if self._start is None or self.head_weight is None or self.head_bias is None:
             raise RuntimeError("LinearProbe: the starting weights were not kept (setup did not run for fit)")
-        head = find_head(pl_module, torch.zeros(1, 3, pl_module.image_size, pl_module.image_size, dtype=torch.uint8,
-                                                device=pl_module.device))  # fmt: skip
+        head = find_head(pl_module, self._blank(pl_module))
+        if head.weight.shape != self.head_weight.shape:
+            raise ValueError(
+                f"the checkpoint's LinearProbe head is {tuple(self.head_weight.shape)}, the network's "
+                f"{tuple(head.weight.shape)}"
+            )
         with torch.no_grad():
             for name, value in pl_module.backbone.state_dict().items():
                 value.copy_(self._start[name].to(value))
             head.weight.copy_(self.head_weight.to(head.weight))
             head.bias.copy_(self.head_bias.to(head.bias))
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.fitted and self.fine_tune and not self.kept and self.probe_top1 == self.probe_top1:
+            rank_zero_info(
+                "LinearProbe: the run ended before its final validation (early stopping, max_time, a validation "
+                "interval that skips the last epoch): the fine-tune is kept without a comparison with the probe"
+            )
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -271,8 +317,16 @@ class LinearProbe(L.Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.head_weight, self.head_bias = state_dict.get("head_weight"), state_dict.get("head_bias")
-        self.probe_top1 = float(state_dict.get("probe_top1", float("nan")))
-        self.fine_tune_top1 = float(state_dict.get("fine_tune_top1", float("nan")))
-        self.kept = str(state_dict.get("kept", ""))
-        self.skipped = str(state_dict.get("skipped", ""))
+        # A checkpoint is data: each value is held to its type here, the head's shape when training starts.
+        state_dict = state_dict if isinstance(state_dict, dict) else {}
+        weight, bias = state_dict.get("head_weight"), state_dict.get("head_bias")
+        tensors = isinstance(weight, Tensor) and isinstance(bias, Tensor)
+        if tensors and not (weight.is_floating_point() and weight.dim() == 2 and bias.shape == weight.shape[:1]):
+            raise ValueError("the checkpoint's LinearProbe head is not a weight matrix and a bias of its rows")
+        self.head_weight, self.head_bias = (weight, bias) if tensors else (None, None)
+        self.probe_top1, self.fine_tune_top1 = (
+            float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+            for value in (state_dict.get("probe_top1"), state_dict.get("fine_tune_top1"))
+        )
+        self.kept = state_dict.get("kept") if state_dict.get("kept") in ("probe", "fine-tune") else ""
+        self.skipped = state_dict.get("skipped") if state_dict.get("skipped") in SKIP_REASONS else ""

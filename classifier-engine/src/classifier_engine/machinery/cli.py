@@ -48,9 +48,9 @@ from .guarantees import Safety, as_list, check_user_parts, with_atomic_writes
 from .identity import RunIdentity
 from .launch import launched_as_rank_zero, leave_the_process_group
 from .loggers import check_tracker_packages, experiment_dir
-from .recipe import Recipe, probe_alone
 from .monitors import monitor_what_the_labels_have
 from .noise import silence_known_noise
+from .recipe import Recipe, probe_alone
 from .resolution import resolve_checkpoint
 from .run import Run
 from .run_record import RunRecord
@@ -327,8 +327,6 @@ class TrainerCLI(LightningCLI):
             rank_zero_info(note)
         if self.run is None:
             return
-        if self.subcommand == "fit" and self.config.fit.recipe == "probe":
-            probe_alone(self.config.fit.trainer)
         self.run.place(self.config[self.subcommand].trainer)
         self.save_config_kwargs["run"] = self.run
 
@@ -376,6 +374,8 @@ class TrainerCLI(LightningCLI):
 
         self.checkpoint_writer.fits = fits
         built = super().instantiate_trainer(**{"callbacks": callbacks, "plugins": plugins, **kwargs})
+        if self.subcommand == "fit" and self.config.fit.recipe == "probe":
+            probe_alone(built)
         monitor_what_the_labels_have(built, self.model)
         return built
 

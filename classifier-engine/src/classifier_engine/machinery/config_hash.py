@@ -54,6 +54,7 @@ ADDED_SINCE_1_0: dict[str, Any] = {
     "data.init_args.allow_paths_outside": False,  # true is recorded: such a run read files outside its list's folder
     "data.init_args.source": None,  # a folder DataModule packing its image_dir, as before 1.4
     "data.init_args.pool_val": False,  # cross-validation over the training images alone, as before 1.4
+    "recipe": "finetune",  # fit --recipe (1.6): the config's own recipe, as before
 }
 # Settings whose default changed without changing what is trained: each of these values names the run as the
 # setting left unset did. ``reject_with`` chooses which fitted threshold answers "unknown" (1.0-1.3: msp; since

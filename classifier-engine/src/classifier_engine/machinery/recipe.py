@@ -4,30 +4,28 @@ from __future__ import annotations
 
 from typing import Literal
 
-from jsonargparse import Namespace
+from lightning.pytorch import Trainer
 
-from .guarantees import as_list
+from ..callbacks.linear_probe import LinearProbe
+from ..foundation.errors import UsageError
 
 Recipe = Literal["finetune", "probe"]
-LINEAR_PROBE = "classifier_engine.callbacks.LinearProbe"
 
 
-def probe_alone(trainer: Namespace) -> None:
-    """Set the trainer's config for the probe alone: the config's ``LinearProbe`` (or one added) with no fine-tune,
-    and one epoch of one step, whose update the probe drops, so the run validates, calibrates and checkpoints."""
-    callbacks = as_list(trainer.get("callbacks"))
-    probes = [callback for callback in callbacks if is_linear_probe(callback)]
+def probe_alone(trainer: Trainer) -> None:
+    """Make the built trainer's run the probe alone: its ``LinearProbe`` without the fine-tune, and one epoch of one
+    validated step, whose update the probe drops, so the run validates, calibrates and checkpoints.
+
+    The trainer is set, not the config: the run's ``config.yaml`` is the command as typed (``recipe: probe``), so
+    the same command names the same run.
+    """
+    probes = [callback for callback in trainer.callbacks if isinstance(callback, LinearProbe)]
     if not probes:
-        probes = [Namespace(class_path=LINEAR_PROBE, init_args=Namespace())]
-        callbacks.append(probes[0])
+        raise UsageError(
+            "--recipe probe needs classifier_engine.callbacks.LinearProbe in trainer.callbacks; add it "
+            "(configs/images.yaml lists it), or leave --recipe out"
+        )
     for probe in probes:
-        if probe.get("init_args") is None:
-            probe.init_args = Namespace()
-        probe.init_args.fine_tune = False
-    trainer.callbacks = callbacks
-    trainer.max_epochs, trainer.max_steps, trainer.limit_train_batches = 1, -1, 1
-
-
-def is_linear_probe(callback: object) -> bool:
-    path = callback.get("class_path", "") if isinstance(callback, Namespace) else ""
-    return path in (LINEAR_PROBE, "classifier_engine.callbacks.linear_probe.LinearProbe")
+        probe.fine_tune = False
+    trainer.fit_loop.max_epochs, trainer.fit_loop.epoch_loop.max_steps = 1, -1
+    trainer.limit_train_batches, trainer.check_val_every_n_epoch, trainer.val_check_interval = 1, 1, 1.0

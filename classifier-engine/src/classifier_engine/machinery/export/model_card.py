@@ -65,7 +65,10 @@ def probe_choice(checkpoint: dict) -> tuple[str, str] | None:
     state = checkpoint.get("callbacks", {}).get("LinearProbe")
     if not isinstance(state, dict) or state.get("kept") not in ("probe", "fine-tune"):
         return None
-    probe, fine_tune = float(state.get("probe_top1", float("nan"))), float(state.get("fine_tune_top1", float("nan")))
+    probe, fine_tune = (
+        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+        for value in (state.get("probe_top1"), state.get("fine_tune_top1"))
+    )  # a checkpoint's values: numbers or nothing
     if state["kept"] == "probe" and fine_tune != fine_tune:  # NaN: the probe alone (fit --recipe probe)
         return "probe", f"the linear probe alone (validation top-1 {probe:.3f})"
     if state["kept"] == "probe":
