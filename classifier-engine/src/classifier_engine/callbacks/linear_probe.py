@@ -192,7 +192,8 @@ class LinearProbe(L.Callback):
                 head.weight.copy_(fit.weight.to(head.weight))
                 head.bias.copy_(fit.bias.to(head.bias))
             self.head_weight, self.head_bias = fit.weight.clone(), fit.bias.clone()
-            if trainer.is_global_zero and validation is not None and len(validation[1]):
+            judged = self.fine_tune and validation is not None and len(validation[1])  # alone: its validation says
+            if trainer.is_global_zero and judged:
                 probe_top1 = self.score(pl_module, *validation)
             self.probe_top1 = trainer.strategy.broadcast(probe_top1, src=0)
         finally:
@@ -202,6 +203,9 @@ class LinearProbe(L.Callback):
             f"Linear probe on {len(rows):,} training images and their mirrors (L2 {fit.l2:.0e}, chosen on "
             f"{self.folds} folds of them: {fit.folds_score:.3f}) in {seconds:.0f} s"
         )
+        if not self.fine_tune:
+            rank_zero_info(f"{how}: the probe alone, judged by the validation that follows")
+            return ""
         if self.probe_top1 != self.probe_top1:  # NaN: no validation images to judge it on
             rank_zero_info(f"{how}; no validation images: the fine-tune is kept without a comparison")
             return ""

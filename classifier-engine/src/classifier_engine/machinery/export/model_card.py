@@ -70,7 +70,7 @@ def probe_choice(checkpoint: dict) -> tuple[str, str] | None:
         for value in (state.get("probe_top1"), state.get("fine_tune_top1"))
     )  # a checkpoint's values: numbers or nothing
     if state["kept"] == "probe" and fine_tune != fine_tune:  # NaN: the probe alone (fit --recipe probe)
-        return "probe", f"the linear probe alone (validation top-1 {probe:.3f})"
+        return "probe", "the linear probe alone (fit --recipe probe), without a fine-tune"
     if state["kept"] == "probe":
         return "probe", f"its linear probe, kept: validation top-1 {probe:.3f} against the fine-tune's {fine_tune:.3f}"
     return "fine-tune", f"kept over its linear probe: validation top-1 {fine_tune:.3f} against the probe's {probe:.3f}"
