@@ -140,7 +140,7 @@ class LinearProbe(L.Callback):
             self.head_weight = self.head_bias = None
             self.skipped = ""
         elif self.fitted:  # a resumed run: its probe came with the checkpoint
-            head = find_head(pl_module, self._blank(pl_module))
+            head = self._head(pl_module)
             if head.weight.shape != self.head_weight.shape:
                 raise ValueError(
                     f"the checkpoint's LinearProbe head is {tuple(self.head_weight.shape)}, the network's "
@@ -157,9 +157,16 @@ class LinearProbe(L.Callback):
             raise UsageError(f"--recipe probe: no linear probe could be fitted ({why}); leave --recipe out")
 
     @staticmethod
-    def _blank(pl_module: Any) -> Tensor:
+    def _head(pl_module: Any) -> nn.Module:
+        """The classifier head, found by a forward pass in eval mode: no BatchNorm statistics move, no dropout draws
+        (a resumed run must leave the weights and the random streams as the uninterrupted run has them)."""
         size = pl_module.image_size
-        return torch.zeros(2, 3, size, size, dtype=torch.uint8, device=pl_module.device)
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            return find_head(pl_module, torch.zeros(2, 3, size, size, dtype=torch.uint8, device=pl_module.device))
+        finally:
+            pl_module.train(was_training)
 
     def _fit_probe(self, trainer: L.Trainer, pl_module: Any) -> str:
         """Fit the probe into the head; an empty string, or why it could not be."""
@@ -288,7 +295,7 @@ class LinearProbe(L.Callback):
         """The network's starting weights with the probe's head, in place (an average swapped in takes them)."""
         if self._start is None or self.head_weight is None or self.head_bias is None:
             raise RuntimeError("LinearProbe: the starting weights were not kept (setup did not run for fit)")
-        head = find_head(pl_module, self._blank(pl_module))
+        head = self._head(pl_module)
         if head.weight.shape != self.head_weight.shape:
             raise ValueError(
                 f"the checkpoint's LinearProbe head is {tuple(self.head_weight.shape)}, the network's "
