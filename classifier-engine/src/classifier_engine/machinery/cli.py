@@ -206,7 +206,7 @@ class TrainerCLI(LightningCLI):
             type=Recipe,
             default="finetune",
             help="fit: finetune (a config's LinearProbe fits the head, then the fine-tune; the better is kept) or "
-            "probe (the linear probe alone, one epoch of one dropped step: a calibrated model in about a minute).",
+            "probe (the linear probe alone, one epoch of one dropped step: a calibrated model, no fine-tune).",
         )
         parser.add_argument(
             "--allow_fresh_start",
