@@ -16,7 +16,14 @@ from classifier_engine.testing.cifar_archives import write_archive
 from .conftest import NUM_TRAIN, PHOTO_ROOT, PROJECT_ROOT, cli_env, make_images, write_tiny_archive
 
 # The project each benchmark measures (run from elsewhere, it is named by BENCH_PROJECT): photos or CIFAR.
-PHOTO_BENCHMARKS = {"bench_folder.py", "bench_stream.py", "bench_finetune.py", "bench_unknown.py", "bench_crossval.py"}
+PHOTO_BENCHMARKS = {
+    "bench_folder.py",
+    "bench_stream.py",
+    "bench_finetune.py",
+    "bench_unknown.py",
+    "bench_crossval.py",
+    "bench_layout.py",
+}
 
 
 def bench_command(script: str) -> list[str]:
@@ -62,8 +69,13 @@ STEP_FIGURES = {"lightning_images_per_s", "plain_images_per_s", "lightning_vs_pl
         ("bench_step.py", [], STEP_FIGURES),
         ("bench_step.py", ["--config", str(PROJECT_ROOT / "configs" / "cifar10_fast.yaml")], STEP_FIGURES),
         ("bench_step.py", ["--overhead"], STEP_FIGURES),
+        (
+            "bench_layout.py",
+            [],
+            {"train_nchw_images_per_s", "train_nhwc_images_per_s", "train_ratio", "evaluate_ratio"},
+        ),
     ],
-    ids=["data", "folder", "stream", "step", "step-fast-recipe", "step-overhead"],
+    ids=["data", "folder", "stream", "step", "step-fast-recipe", "step-overhead", "layout"],
 )
 def test_benchmark_prints_a_table_and_a_json_summary(tmp_path, script, options, keys):
     result = subprocess.run(

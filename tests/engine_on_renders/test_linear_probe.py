@@ -12,11 +12,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from classifier_engine.callbacks.linear_probe import ProbeChoice
+from classifier_engine.machinery.final_model import probe_verdict
 from classifier_engine.models.linear_probe import fit_linear_probe
 
 from .conftest import PHOTO_ROOT, cli_env, finetune_args, run_cli, write_image_folder
@@ -41,6 +44,27 @@ def test_the_probe_folds_its_standardization_into_the_head_and_picks_its_strengt
     several = torch.stack([labels == 0, labels == 2], 1).float()  # two labels, a logistic regression each
     multilabel = fit_linear_probe(features, several, groups, classes=2, multilabel=True, folds=4)
     assert ((features @ multilabel.weight.T + multilabel.bias > 0) == several.bool()).float().mean() > 0.9
+
+
+def test_the_folds_verdict_reads_each_fold_s_choice_as_numbers_only(tmp_path):
+    def fold(name: str, **state) -> SimpleNamespace:
+        run_dir = tmp_path / name
+        (run_dir / "checkpoints").mkdir(parents=True)
+        checkpoint = {"state_dict": {}, "hyper_parameters": {}, "callbacks": {"LinearProbe": state}}
+        torch.save(checkpoint, run_dir / "checkpoints" / "last.ckpt")
+        return SimpleNamespace(run_dir=run_dir)
+
+    probe_won = fold("a", kept="probe", probe_top1=0.9, fine_tune_top1=0.7)
+    close = fold("b", kept="fine-tune", probe_top1=0.8, fine_tune_top1=0.85)
+    assert probe_verdict([probe_won, close]) == pytest.approx((0.85, 0.775))
+    alone = fold("c", kept="probe", probe_top1=float("nan"), fine_tune_top1=float("nan"))  # fit --recipe probe
+    crafted = fold("d", kept="probe", probe_top1="0.99", fine_tune_top1=True)  # a string and a bool: not numbers
+    unknown = fold("e", kept="os.system", probe_top1=0.9, fine_tune_top1=0.1)
+    for other in (alone, crafted, unknown):
+        assert probe_verdict([probe_won, other]) is None  # every fold must have compared the two
+    assert ProbeChoice.of({"callbacks": "LinearProbe"}) is None and ProbeChoice.of({}) is None
+    choice = ProbeChoice.of(torch.load(crafted.run_dir / "checkpoints" / "last.ckpt", weights_only=True))
+    assert choice is not None and choice.kept == "probe" and not choice.compared
 
 
 def last_checkpoint(folder: Path) -> Path:
@@ -107,3 +131,26 @@ def test_the_probe_alone_is_an_ordinary_run_that_exports_and_predicts(tmp_path, 
     with predictions.open() as table:
         rows = list(csv.DictReader(table))
     assert len(rows) == 12 and sum(row["predicted"] == "cat" for row in rows) >= 10
+
+
+@pytest.mark.slow  # two folds and a final model of the default network at 32 px
+def test_folds_whose_probes_beat_their_fine_tunes_make_the_final_model_the_probe_alone(tmp_path, offline):  # noqa: F811
+    photos = write_image_folder(tmp_path / "photos", per_class=12)
+    weights = default_weights(tmp_path / "default.pth")
+    options = finetune_args(photos, weights, "--trainer.callbacks+=engine_probes.SpoilTheFineTune")[1:]
+    command = [sys.executable, str(PHOTO_ROOT / "cross_validate.py"), *options, "--folds=2"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=cli_env(**offline), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = re.search(
+        r"Final model: every image of the 2 folds, the linear probe alone: it beat the fine-tune on the folds "
+        r"\(([\d.]+) against ([\d.]+)\)",
+        result.stdout,
+    )
+    assert said is not None and float(said.group(1)) > float(said.group(2)), result.stdout[-3000:]
+    (final,) = tmp_path.glob("runs/images/*/checkpoints/final.ckpt")
+    checkpoint = torch.load(final, weights_only=True)
+    choice = ProbeChoice.of(checkpoint)
+    assert choice is not None and choice.kept == "probe" and not choice.compared  # the probe alone, on every image
+    started = torch.load(weights, weights_only=True)
+    assert torch.equal(checkpoint["state_dict"]["backbone.network.conv_stem.weight"], started["conv_stem.weight"])
+    assert "linear probe alone" in (final.parent / "export" / "model.card.md").read_text()

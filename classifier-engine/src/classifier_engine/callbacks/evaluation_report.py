@@ -21,6 +21,7 @@ from ..foundation import html_page
 from ..foundation.files import Partial
 from ..models.class_activation import activation_layer, class_activation_maps, overlaid
 from ..models.labels import is_imbalanced
+from ..models.network_parts import inference_batch
 from .label_report import (
     calibration_section,
     coverage_section,
@@ -243,11 +244,11 @@ class EvaluationReport(L.Callback):
         return gathered_p, gathered_l
 
     @staticmethod
-    def _features(pl_module: Any, held_out: HeldOutImages, batch_size: int = 256) -> Tensor | None:
+    def _features(pl_module: Any, held_out: HeldOutImages) -> Tensor | None:
         """The contract's ``features()`` of the held-out images, for the knn score (one pass, no gradients)."""
         if getattr(getattr(pl_module, "calibration", None), "reject_with", "none") != "knn":
             return None
-        chunks = []
+        chunks, batch_size = [], inference_batch(pl_module.device)
         with torch.no_grad():
             for start in range(0, len(held_out.labels), batch_size):
                 images = torch.as_tensor(np.asarray(held_out.images[start : start + batch_size]))

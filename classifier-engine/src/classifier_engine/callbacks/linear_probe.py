@@ -11,7 +11,8 @@ exports ship. A probe is the same network with a fitted head, so every command t
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -21,14 +22,41 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from ..foundation.errors import UsageError
+from ..foundation.plain_values import number_or_nan
 from ..models.domain import find_head
 from ..models.linear_probe import fit_linear_probe, probe_score
+from ..models.network_parts import inference_batch
 
 NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 RESUMED_WITHOUT = "the run was resumed from a checkpoint without one"
 NO_TRAINING_IMAGES = "the data hands out no training images outside its loaders"
 NO_LINEAR_HEAD = "the classifier head is not one linear layer"
 SKIP_REASONS = (RESUMED_WITHOUT, NO_TRAINING_IMAGES, NO_LINEAR_HEAD)
+Kept = Literal["probe", "fine-tune"]
+KEPT: tuple[Kept, ...] = ("probe", "fine-tune")
+
+
+@dataclass(frozen=True)
+class ProbeChoice:
+    """What a run's ``LinearProbe`` decided at its final validation, as its checkpoint records it."""
+
+    kept: Kept
+    probe_top1: float  # on the validation images (NaN: the probe alone, judged by the run's own validation)
+    fine_tune_top1: float  # NaN: the probe alone (fit --recipe probe), no fine-tune to compare
+
+    @property
+    def compared(self) -> bool:
+        """Whether both were scored on the same validation images."""
+        return self.probe_top1 == self.probe_top1 and self.fine_tune_top1 == self.fine_tune_top1
+
+    @classmethod
+    def of(cls, checkpoint: dict[str, Any]) -> ProbeChoice | None:
+        """The choice a checkpoint records; None where no probe decided. Its values are held to their types."""
+        callbacks = checkpoint.get("callbacks")
+        state = callbacks.get("LinearProbe") if isinstance(callbacks, dict) else None
+        if not isinstance(state, dict) or state.get("kept") not in KEPT:
+            return None
+        return cls(state["kept"], number_or_nan(state.get("probe_top1")), number_or_nan(state.get("fine_tune_top1")))
 
 
 def fitting(trainer: L.Trainer) -> bool:
@@ -155,6 +183,8 @@ class LinearProbe(L.Callback):
         if not self.fine_tune and not self.fitted:
             why = self.skipped or "the network starts from random weights"
             raise UsageError(f"--recipe probe: no linear probe could be fitted ({why}); leave --recipe out")
+        if not self.fine_tune:  # the probe alone is kept by construction, with validation images or none
+            self.kept = "probe"
 
     @staticmethod
     def _head(pl_module: Any) -> nn.Module:
@@ -222,9 +252,10 @@ class LinearProbe(L.Callback):
         return ""
 
     @staticmethod
-    def _features(pl_module: Any, images: Any, rows: np.ndarray, batch_size: int = 64) -> Tensor:
+    def _features(pl_module: Any, images: Any, rows: np.ndarray) -> Tensor:
         """Each row's features, then each mirror's: the frozen network's penultimate features, in eval mode."""
         plain, mirrored = [], []
+        batch_size = inference_batch(pl_module.device)
         with torch.no_grad():
             for start in range(0, len(rows), batch_size):
                 chunk = torch.from_numpy(np.array(images[rows[start : start + batch_size]]))
@@ -234,9 +265,10 @@ class LinearProbe(L.Callback):
         return torch.cat(plain + mirrored)
 
     @staticmethod
-    def score(pl_module: Any, images: Any, labels: np.ndarray, batch_size: int = 64) -> float:
+    def score(pl_module: Any, images: Any, labels: np.ndarray) -> float:
         """The model's validation figure as its final validation computes the logits (every test-time view)."""
         logits = []
+        batch_size = inference_batch(pl_module.device)
         with torch.no_grad():
             for start in range(0, len(labels), batch_size):
                 chunk = torch.from_numpy(np.array(images[start : start + batch_size]))  # a writable copy
@@ -267,13 +299,12 @@ class LinearProbe(L.Callback):
     ) -> None:
         # At the first batch, not the epoch's start: a weight average is swapped in by then, whatever the
         # callbacks' order, and what this validation computes (figures, calibration) is of the weights kept.
-        if batch_idx or dataloader_idx or not fitting(trainer) or not final_validation(trainer):
-            return
-        if not self.fitted or self.kept:
+        if batch_idx or dataloader_idx or not fitting(trainer) or not final_validation(trainer) or not self.fitted:
             return
         if not self.fine_tune:  # the probe alone: exactly the probe, whatever a weight average made of the step
-            self.kept = "probe"
             self._restore_probe(pl_module)
+            return
+        if self.kept:
             return
         validation = split_images(trainer.datamodule, "val")
         if validation is None or self.probe_top1 != self.probe_top1:  # nothing to compare on
@@ -335,9 +366,7 @@ class LinearProbe(L.Callback):
         if tensors and not (weight.is_floating_point() and weight.dim() == 2 and bias.shape == weight.shape[:1]):
             raise ValueError("the checkpoint's LinearProbe head is not a weight matrix and a bias of its rows")
         self.head_weight, self.head_bias = (weight, bias) if tensors else (None, None)
-        self.probe_top1, self.fine_tune_top1 = (
-            float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
-            for value in (state_dict.get("probe_top1"), state_dict.get("fine_tune_top1"))
-        )
-        self.kept = state_dict.get("kept") if state_dict.get("kept") in ("probe", "fine-tune") else ""
+        self.probe_top1 = number_or_nan(state_dict.get("probe_top1"))
+        self.fine_tune_top1 = number_or_nan(state_dict.get("fine_tune_top1"))
+        self.kept = state_dict.get("kept") if state_dict.get("kept") in KEPT else ""
         self.skipped = state_dict.get("skipped") if state_dict.get("skipped") in SKIP_REASONS else ""

@@ -137,8 +137,16 @@ def final_model(
 
     task = "multilabel" if folds[0].thresholds is not None else "multiclass"
     epochs = final.final_epochs(folds, task)
-    print(f"Final model: every image of the {options.folds} folds, {epochs} epochs (the folds' mean best)", flush=True)
-    cli, run_dir = final.train_final(fit_options, options.folds, epochs, model_class, default_config)
+    verdict = final.probe_verdict(folds)
+    probe_alone = verdict is not None and verdict[0] > verdict[1]
+    trained_how = f"{epochs} epochs (the folds' mean best)"
+    if probe_alone:
+        probe, fine_tune = verdict
+        trained_how = (
+            f"the linear probe alone: it beat the fine-tune on the folds ({probe:.3f} against {fine_tune:.3f})"
+        )
+    print(f"Final model: every image of the {options.folds} folds, {trained_how}", flush=True)
+    cli, run_dir = final.train_final(fit_options, options.folds, epochs, model_class, default_config, probe_alone)
     if not launched_as_rank_zero():
         return None
     checkpoint = final.calibrate_final(cli, run_dir, folds, summary, epochs)
@@ -149,7 +157,7 @@ def final_model(
           flush=True)  # fmt: skip
     return [
         ("final model", str(checkpoint)),
-        ("trained on", f"every image of the {options.folds} folds, {epochs} epochs (the folds' mean best)"),
+        ("trained on", f"every image of the {options.folds} folds, {trained_how}"),
         ("calibrated on", "the folds' out-of-fold answers"),
         ("exported to", str(exported_to)),
     ]

@@ -108,3 +108,8 @@ def _admits_plain(member: Any, value: Any, strings: Strings, depth: int) -> bool
             and all(admits(value_type, item, strings, depth + 1) for item in value.values())
         )
     return False
+
+
+def number_or_nan(value: Any) -> float:
+    """A file's number as a float; anything else (a boolean, a string, an object) as NaN, never converted."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan

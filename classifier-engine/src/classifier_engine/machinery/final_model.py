@@ -27,6 +27,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from ..callbacks.linear_probe import ProbeChoice
 from ..foundation.files import sha256
 from ..models.calibration import BANK_KEY, CHECKPOINT_KEY
 from ..models.domain import normalized_bank
@@ -66,13 +67,32 @@ def final_epochs(folds: list[FoldPredictions], task: str) -> int:
     return max(1, round(float(np.mean(counts))))
 
 
+def probe_verdict(folds: list[FoldPredictions]) -> tuple[float, float] | None:
+    """The folds' mean validation top-1 of their linear probes and of their fine-tunes, where every fold's
+    ``LinearProbe`` compared the two (None otherwise: no probe, or the probe alone)."""
+    choices = [ProbeChoice.of(read_checkpoint(fold.run_dir / "checkpoints" / "last.ckpt")) for fold in folds]
+    if not choices or not all(choice is not None and choice.compared for choice in choices):
+        return None
+    return float(np.mean([c.probe_top1 for c in choices])), float(np.mean([c.fine_tune_top1 for c in choices]))
+
+
 def train_final(
-    fit_options: list[str], folds: int, epochs: int, model_class: type[L.LightningModule], default_config: Path
+    fit_options: list[str],
+    folds: int,
+    epochs: int,
+    model_class: type[L.LightningModule],
+    default_config: Path,
+    probe_alone: bool = False,
 ) -> tuple[TrainerCLI, Path]:
-    """Train (or continue, or reuse) the final run on every fold; the CLI that did, and the run's folder."""
+    """Train (or continue, or reuse) the final run on every fold; the CLI that did, and the run's folder.
+
+    ``probe_alone``: the folds' linear probes beat their fine-tunes, so the final model is the probe alone
+    (``--recipe probe``): with nothing held out, its own run could not compare the two.
+    """
     where = RunDirectory()
     final = [f"--data.folds={folds}", "--data.fold=null", f"--trainer.max_epochs={epochs}", "--ckpt_path=last",
              "--allow_fresh_start=true"]  # fmt: skip
+    final += ["--recipe=probe"] if probe_alone else []
     with warnings.catch_warnings():
         for message in NOTHING_TO_VALIDATE:
             warnings.filterwarnings("ignore", message=message, category=UserWarning)

@@ -27,6 +27,7 @@ from ..contract import ResumableSchedule
 from ..data.interfaces import EvaluationData
 from ..foundation.logging_steps import at_logging_step
 from ..models.domain import BANK_SEED, bank_capacity, find_head
+from ..models.network_parts import inference_batch
 from ..models.training_totals import TrainingTotals
 
 TOTALS_KEY = "training_totals"
@@ -136,7 +137,7 @@ class CalibrationFit(L.Callback):
         pl_module.calibration.restore_from(checkpoint)
 
 
-def training_features(trainer: L.Trainer, pl_module: Any, batch_size: int = 256) -> Tensor | None:
+def training_features(trainer: L.Trainer, pl_module: Any) -> Tensor | None:
     """The features of a seeded sample of the training images, as many as the bank keeps (None: the data
     cannot hand out training images, as a DataModule of the user's own may not)."""
     data = trainer.datamodule
@@ -146,6 +147,7 @@ def training_features(trainer: L.Trainer, pl_module: Any, batch_size: int = 256)
     with torch.no_grad():
         dimension = pl_module.features(probe).shape[1]
         images = data.training_sample(bank_capacity(dimension), seed=BANK_SEED)
+        batch_size = inference_batch(pl_module.device)
         chunks = [pl_module.features(torch.as_tensor(images[start : start + batch_size]).to(pl_module.device))
                   for start in range(0, len(images), batch_size)]  # fmt: skip
     return torch.cat(chunks).float() if chunks else None

@@ -25,8 +25,12 @@ def make_images(count: int, num_classes: int, seed: int) -> tuple[np.ndarray, np
     return np.clip(base + noise, 0, 255).astype(np.uint8), labels
 
 
-def write_tiny_archive(data_dir: Path, fmt: CifarFormat = FORMATS["cifar10"], seed: int = 0) -> Path:
-    """A CIFAR archive of ``NUM_TRAIN`` training and ``NUM_TEST`` test images in ``data_dir``, as downloaded."""
+def write_tiny_archive(data_dir: Path, fmt: CifarFormat | str = FORMATS["cifar10"], seed: int = 0) -> Path:
+    """A CIFAR archive of ``NUM_TRAIN`` training and ``NUM_TEST`` test images in ``data_dir``, as downloaded.
+
+    ``fmt``: the dataset's format, or its name (``"cifar10"``, ``"cifar100"``).
+    """
+    fmt = FORMATS[fmt] if isinstance(fmt, str) else fmt
     data_dir.mkdir(parents=True, exist_ok=True)
     train = make_images(NUM_TRAIN, len(fmt.class_names), seed)
     test = make_images(NUM_TEST, len(fmt.class_names), seed + 1)

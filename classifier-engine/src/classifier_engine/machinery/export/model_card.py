@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ...callbacks.linear_probe import ProbeChoice
 from ...contract import ClassifierModel
 from ...data.preprocessing import Preprocessing
 from ...foundation.files import sha256
@@ -62,16 +63,13 @@ def source_line(source: dict) -> str:
 
 def probe_choice(checkpoint: dict) -> tuple[str, str] | None:
     """What a ``LinearProbe`` decided at the final validation: (kept, in words), or None where none decided."""
-    state = checkpoint.get("callbacks", {}).get("LinearProbe")
-    if not isinstance(state, dict) or state.get("kept") not in ("probe", "fine-tune"):
+    choice = ProbeChoice.of(checkpoint)
+    if choice is None:
         return None
-    probe, fine_tune = (
-        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
-        for value in (state.get("probe_top1"), state.get("fine_tune_top1"))
-    )  # a checkpoint's values: numbers or nothing
-    if state["kept"] == "probe" and fine_tune != fine_tune:  # NaN: the probe alone (fit --recipe probe)
+    probe, fine_tune = choice.probe_top1, choice.fine_tune_top1
+    if choice.kept == "probe" and fine_tune != fine_tune:  # NaN: the probe alone (fit --recipe probe)
         return "probe", "the linear probe alone (fit --recipe probe), without a fine-tune"
-    if state["kept"] == "probe":
+    if choice.kept == "probe":
         return "probe", f"its linear probe, kept: validation top-1 {probe:.3f} against the fine-tune's {fine_tune:.3f}"
     return "fine-tune", f"kept over its linear probe: validation top-1 {fine_tune:.3f} against the probe's {probe:.3f}"
 
