@@ -225,6 +225,40 @@ def train_and_export_a_folder_of_photos(project: Path, package: str, tmp_path: P
     )
 
 
+def workflow_training(project: Path) -> str:
+    """The render's CI step that trains in its image, each ``docker run`` made a run of this environment's Python
+    in the project's folder (the image's /app holds the same files; no container engine runs these tests)."""
+    workflow = yaml.safe_load((project / ".github" / "workflows" / "ci.yml").read_text())
+    (step,) = [step for step in workflow["jobs"]["docker"]["steps"] if step["name"].startswith("Train in the image")]
+    script, python = step["run"], sys.executable
+    replacements = {
+        'docker run --rm "${volumes[@]}" --entrypoint python project:ci': python,
+        'docker run --rm "${volumes[@]}" project:ci': f"{python} main.py",
+        "docker run --rm project:ci": f"{python} main.py",
+    }
+    for in_image, here in replacements.items():
+        script = script.replace(in_image, here)
+    assert "docker" not in script, script
+    return script
+
+
+def hub_cache_with_random_weights(network: str, home: Path) -> dict[str, str]:
+    """A Hugging Face cache holding ``network``'s weights file (random weights: the route is under test), and the
+    environment that reads it offline: what a CI runner with network access downloads into its own cache."""
+    import timm
+    from safetensors.torch import save_file
+
+    repo, commit = home / "hub" / f"models--timm--{network}", "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    weights = {
+        name: value.contiguous() for name, value in timm.create_model(network.split(".")[0]).state_dict().items()
+    }
+    save_file(weights, str(repo / "snapshots" / commit / "model.safetensors"))
+    return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+
+
 @pytest.mark.parametrize("installed", RENDERS, indirect=True)
 def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
     project = installed
@@ -234,6 +268,13 @@ def test_rendered_project_passes_its_own_tests_and_trains(installed, tmp_path):
     assert "Version: 1." in shown  # the library, from this checkout as the render's lock says
 
     run_suite(project, [], OWN_SUITE_BUDGET, tmp_path / "junit.xml")
+    # Its own CI's training in the image: the data it makes is its kind's, the config one it has.
+    hub = {}
+    if dataset == "images":
+        network = yaml.safe_load((project / "configs" / "images.yaml").read_text())["model"]["backbone"]["init_args"]
+        hub = hub_cache_with_random_weights(network["name"], tmp_path / "hf")
+    trained = run("bash", "-euo", "pipefail", "-c", workflow_training(project), cwd=project, env=hub)
+    assert "`Trainer.fit` stopped: `max_steps=1` reached." in trained.stdout + trained.stderr
     if dataset == "images":
         train_and_export_a_folder_of_photos(project, package, tmp_path)
         return

@@ -247,8 +247,9 @@ def test_rendered_code_passes_its_own_lint_and_format(bake, answers):
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_ci_workflow_keeps_github_expressions_and_is_locked_down(bake):
-    project = bake()
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100", "images"])
+def test_ci_workflow_keeps_github_expressions_and_is_locked_down(bake, dataset):
+    project = bake(dataset=dataset)
     text = (project / ".github" / "workflows" / "ci.yml").read_text()
     workflow = yaml.safe_load(text)
     assert "${{ matrix.python-version }}" in text and "${{ github.ref }}" in text
@@ -264,7 +265,8 @@ def test_ci_workflow_keeps_github_expressions_and_is_locked_down(bake):
     # The image is built there for real (no container engine runs the template's tests) and trained in.
     docker = "\n".join(step.get("run", "") for step in workflow["jobs"]["docker"]["steps"])
     assert "docker build -t project:ci --build-arg LOCK=constraints-cpu.txt" in docker
-    assert "project:ci fit --config configs/images.yaml" in docker and "--trainer.fast_dev_run true" in docker
+    assert f"project:ci fit --config configs/{dataset}.yaml" in docker and "--trainer.fast_dev_run true" in docker
+    assert (project / "configs" / f"{dataset}.yaml").is_file()  # the render's own config (test_bake_and_train runs it)
 
 
 def test_constraints_pin_every_dependency(bake):
@@ -288,7 +290,8 @@ def test_constraints_pin_every_dependency(bake):
     assert pinned["classifier-engine"] == LIBRARY_VERSION
     engine = [Requirement(r) for r in [*meta["dependencies"], *extras] if Requirement(r).name == "classifier-engine"]
     major, minor = LIBRARY_VERSION.split(".")[:2]
-    assert len(engine) == 6 and {str(r.specifier) for r in engine} == {f"<{int(major) + 1},>={major}.{minor}"}
+    assert len(engine) == 5 and {str(r.specifier) for r in engine} == {f"<{int(major) + 1},>={major}.{minor}"}
+    assert "streaming" not in meta["optional-dependencies"]  # a CIFAR project streams nothing (a photo one does)
     cpu = (project / "constraints-cpu.txt").read_text().splitlines()
     assert f"classifier-engine=={LIBRARY_VERSION}" in cpu
 

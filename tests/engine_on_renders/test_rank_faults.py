@@ -62,7 +62,7 @@ def lightning(root: Path, *extra: str) -> tuple[list[str], Path, dict[str, str]]
 
 def torchrun(root: Path, *extra: str) -> tuple[list[str], Path, dict[str, str]]:
     """As ``scripts/torchrun.sh`` runs it: torchrun's agent, its failure report in one line."""
-    launcher = [sys.executable, "-m", "classifier_engine.machinery.torchrun", "--standalone", "--nproc_per_node=2"]
+    launcher = [sys.executable, "-m", "classifier_engine.torchrun", "--standalone", "--nproc_per_node=2"]
     command = [*launcher, str(PROJECT_ROOT / "main.py"), *ddp_args(root, "--trainer.devices=2", PROBE, *extra)]
     return command, root, {}
 

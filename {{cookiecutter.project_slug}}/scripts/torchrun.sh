@@ -25,7 +25,7 @@ devices="${nproc_per_node}"
 [[ "${devices}" =~ ^[0-9]+$ ]] || devices=auto
 
 # torchrun itself, with a failed job's report in one line (the failing rank's own line says what to do).
-exec python -m classifier_engine.machinery.torchrun \
+exec python -m classifier_engine.torchrun \
     --nnodes "${nnodes}" \
     --nproc_per_node "${nproc_per_node}" \
     "${rendezvous[@]}" \

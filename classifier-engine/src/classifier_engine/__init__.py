@@ -3,8 +3,9 @@
 A project (rendered from the template in this repository) keeps its LightningModule, networks, DataModule,
 recipe callbacks and configs, and reaches this library through the names below only: they are its public
 API, which semantic versioning covers (with the configs' ``class_path``s of ``classifier_engine`` and the
-checkpoints a release writes). ``classifier_engine.testing`` (tiny data for tests) is public as well;
-every other module is the library's own and may change in any release. A name renamed in a minor release
+checkpoints a release writes). ``classifier_engine.testing`` (tiny data for tests) and ``python -m
+classifier_engine.torchrun`` are public as well; every other module is the library's own and may change in
+any release. A name renamed in a minor release
 keeps working under its old name, with a ``DeprecationWarning``, until the next minor release.
 
 The names are imported when first used, so ``import classifier_engine`` stays cheap. This library never
@@ -60,6 +61,7 @@ _API: dict[str, str] = {
     "StreamedImageDataModule": ".data.streamed",
     "BatchAugment": ".data.augment",
     "MemmapBatches": ".data.dataset",
+    "decode_image": ".data.image_files",
     "Cache": ".data.archive",
     "fingerprint": ".data.archive",
     "load_cache": ".data.archive",

@@ -5,7 +5,7 @@ non-zero. It then prints its own report, a traceback and a box per rank, after t
 in one line each which one failed and why (``rank_failure.py``). This keeps torchrun whole (the
 same options, the same agent, the same exit status) and replaces that report with one line.
 
-    python -m <package>.machinery.torchrun [torchrun's options] main.py fit ...
+    python -m classifier_engine.torchrun [torchrun's options] main.py fit ...
 """
 
 from __future__ import annotations
@@ -32,5 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the path scripts of projects rendered before 1.6 run
+    print(
+        "warning: python -m classifier_engine.machinery.torchrun is private and goes in 1.7; run "
+        "python -m classifier_engine.torchrun (the same options)",
+        file=sys.stderr,
+    )
     sys.exit(main())

@@ -33,8 +33,8 @@ class FreezeBackbone(L.Callback):
 
         Args:
             unfreeze_at_epoch: The first epoch (counted from 0) in which the whole network trains; null: from the
-                number of training images (1 below 100,000, else 0: data/folder_size.py), 0 for a backbone that
-                starts from random weights (nothing to keep).
+                number of training images (1 below 100,000, else 0: ``classifier_engine.head_epochs_for``), 0 for a
+                backbone that starts from random weights (nothing to keep).
         """
         if unfreeze_at_epoch is not None and unfreeze_at_epoch < 0:
             raise ValueError(f"FreezeBackbone.unfreeze_at_epoch must be 0 or more, got {unfreeze_at_epoch}")

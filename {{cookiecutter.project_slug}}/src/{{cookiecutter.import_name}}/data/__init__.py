@@ -1,11 +1,11 @@
 {%- if cookiecutter.dataset == 'images' -%}
-"""The project's data: your photos' DataModule (the engine's parts are in ``classifier_engine.data``)."""
+"""The project's data: your photos' DataModule (over the engine's ``ImageDataModule``)."""
 
 from .photos import PhotoDataModule
 
 __all__ = ["PhotoDataModule"]
 {%- else -%}
-"""The project's data: CIFAR's memory-mapped DataModule (the engine's parts are in ``classifier_engine.data``)."""
+"""The project's data: CIFAR's memory-mapped DataModule (over the engine's ``ImageDataModule``)."""
 
 from .cifar import CifarDataModule
 

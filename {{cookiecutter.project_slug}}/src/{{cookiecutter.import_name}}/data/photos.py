@@ -31,10 +31,10 @@ class PhotoDataModule(ImageFolderDataModule):
         """A random part of each photo (``data.resized_crop_scale`` of its area) at full size, and a mirror.
 
         Below 64 px (``RESIZED_CROP_FROM``), unless ``data.random_resized_crop`` says otherwise, a shifted crop
-        padded by an eighth of the side replaces the resized crop, as on CIFAR.
+        padded by an eighth of the side replaces the resized crop, as small images are trained.
 
         MixUp and CutMix, unless ``data.mixup_alpha``/``data.cutmix_alpha`` are set, follow the number of
-        training photos (on from 20,000: classifier_engine.data.folder_size).
+        training photos (on from 20,000, the engine's choice).
         """
         given = self.augment_settings
         mixup = given.mixup_alpha if given.mixup_alpha is not None else self.chosen.get("mixup_alpha", 0.0)
