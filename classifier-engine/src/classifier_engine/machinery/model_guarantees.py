@@ -19,6 +19,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from typing_extensions import override
@@ -31,6 +32,7 @@ from ..models.network_parts import inference_batch
 from ..models.training_totals import TrainingTotals
 
 TOTALS_KEY = "training_totals"
+AVERAGED_BY_KEY = "averaged_by"  # the class name of the callback whose weight average the state_dict holds
 
 
 def fitting(trainer: L.Trainer) -> bool:
@@ -131,6 +133,10 @@ class CalibrationFit(L.Callback):
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         pl_module.calibration.save_to(checkpoint)
+        # Which callback keeps a weight average, for the card: one that says so by being Lightning's WeightAveraging.
+        averagers = [type(callback).__name__ for callback in trainer.callbacks if isinstance(callback, WeightAveraging)]
+        if averagers:
+            checkpoint[AVERAGED_BY_KEY] = averagers[0]
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:

@@ -10,13 +10,14 @@ import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
+from ..contract import ClassifierModel
+
 SINGLE_LABEL_MONITOR, MULTILABEL_MONITOR = "val/top1", "val/mAP"
 
 
-def monitor_what_the_labels_have(trainer: L.Trainer, model: L.LightningModule) -> None:
+def monitor_what_the_labels_have(trainer: L.Trainer, model: ClassifierModel) -> None:
     """A multi-label model's checkpoints and early stopping watch val/mAP where the config says val/top1."""
-    hparams = getattr(model, "hparams", {})
-    if hparams.get("task") != "multilabel":
+    if not model.multilabel:
         return
     moved = []
     for callback in trainer.callbacks:

@@ -11,8 +11,10 @@ from ...callbacks.linear_probe import ProbeChoice
 from ...contract import ClassifierModel
 from ...data.preprocessing import Preprocessing
 from ...foundation.files import sha256
+from ...foundation.plain_values import NAME
 from ...models.calibration import CHECKPOINT_KEY
 from ...models.cost import ModelCost
+from ..model_guarantees import AVERAGED_BY_KEY
 from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, SCORE_NAME
 from .evaluation import describe_parity
 
@@ -87,11 +89,10 @@ def shipped_weights(checkpoint: dict) -> str:
 def averaged_or_trained(checkpoint: dict) -> str:
     if "current_model_state" not in checkpoint:
         return "the training weights at that step"
-    callbacks = checkpoint.get("callbacks", {})
-    averager = next((name for name in callbacks if "WeightAveraging" in name or "EMA" in name), None)
+    averager = checkpoint.get(AVERAGED_BY_KEY)  # written by the run (model_guarantees): a name, or nothing
     updates = checkpoint.get("averaging_state", {}).get("n_averaged")
     count = f" over {int(updates):,} updates" if updates is not None else ""
-    source = f" ({averager.split('{')[0]})" if averager else ""
+    source = f" ({averager})" if isinstance(averager, str) and NAME.fullmatch(averager) else ""
     return f"the moving average of the training weights{count}{source}, not the last training weights"
 
 
