@@ -44,7 +44,10 @@ def render_texts(project: Path) -> dict[str, str]:
         if not path.is_file() or relative.parts[0] in {".git", ".venv"} or "images" in relative.parts[:2]:
             continue
         if path.suffix in TEXT_SUFFIXES or path.name == "Dockerfile":
-            texts[str(relative)] = path.read_text()
+            try:
+                texts[str(relative)] = path.read_text()
+            except UnicodeDecodeError:  # not text: a file a run left (a render's tests run in it)
+                continue
     return texts
 
 
