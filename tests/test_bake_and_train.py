@@ -20,18 +20,23 @@ LIBRARY = Path(__file__).resolve().parents[1] / "classifier-engine"
 # The library's own suite needs no project: its quick tier runs on the built wheel alone (the reference model).
 LIBRARY_SUITE = ([], 900)
 ON_RENDERS = Path(__file__).resolve().parent / "engine_on_renders"
-# The engine's tests with the renders (tests/engine_on_renders) run once, against the two default renders: their
-# quick tier (every module at least once, the CLI through real processes, one export registered and served) and
-# the slow tests marked every_render: the mistakes table, the faults (a full disk on a tmpfs, OOM, a killed
-# worker, divergence), two-process DDP, a signal mid-epoch resumed exactly (on the archive and on a folder of
-# images), the Kubeflow job's command as two nodes and the Dockerfile's commands. Their other slow tests (the
-# kill-and-resume matrix, sweeps, trackers, the fast recipe) run with `pytest -m slow` in tests/engine_on_renders/:
-# here they would take CI past its time. Each suite has a time budget (seconds on 2 cores): a hang fails it
-# without waiting for the CI limit. The engine's run in two processes (pytest-xdist, a module to a process for its
-# module-scoped runs), each subprocess on one CPU thread: its commands spend much of their time starting (importing
-# torch and Lightning, on one core), and one thread each keeps two training runs from fighting over both cores
-# (31 minutes in turn on 2 CPU cores, 18 to 20 so).
-ENGINE_SUITE = (["-m", "not slow or every_render", "-n", "2", "--dist", "loadfile"], 3000)
+# The engine's tests with the renders (tests/engine_on_renders) run once, against the two default renders. CI
+# runs their quick tier (every module at least once, the CLI through real processes) and the slow tests marked
+# every_render: the mistakes table, the faults (a full disk on a tmpfs, OOM, a killed worker, divergence),
+# two-process DDP, a fault on one rank under torchrun, a signal mid-epoch resumed exactly (the archive, the
+# default fine-tune), the previous release's run resumed, the Dockerfile's commands. The others (the
+# kill-and-resume matrix, sweeps, trackers, the fast recipe, streaming across ranks, one command's whole
+# cross-validation, MLflow serving, the Kubeflow job) are the full tier: ENGINE_TIER=full scripts/test.sh runs
+# every test (the template's nightly workflow does). Each suite has a time budget (seconds on 2 cores): a hang
+# fails it without waiting for the CI limit. The engine's run in two processes (pytest-xdist, a module to a
+# process for its module-scoped runs), each subprocess on one CPU thread: its commands spend much of their time
+# starting (importing torch and Lightning, on one core), and one thread each keeps two training runs from
+# fighting over both cores.
+ENGINE_TIERS = {
+    "ci": (["-m", "not slow or every_render", "-n", "2", "--dist", "loadfile"], 3000),
+    "full": (["-m", "slow or not slow", "-n", "2", "--dist", "loadfile"], 9000),
+}
+ENGINE_SUITE = ENGINE_TIERS[os.environ.get("ENGINE_TIER", "ci")]
 ENGINE_ENV = {"OMP_NUM_THREADS": "1"}
 # The only reasons a test may be skipped: no GPU, no browser for the TensorBoard pages, no mount namespace.
 ALLOWED_SKIPS = ("needs a CUDA device", "no headless Chromium", "no private mount namespace")
@@ -93,6 +98,12 @@ def installed(bake, request):
     uninstall(project.name, "classifier-engine")
 
 
+def checkout_files(folder: Path) -> set[Path]:
+    """The files under ``folder`` but Python's and the test tools' own caches."""
+    caches = {"__pycache__", ".hypothesis", ".pytest_cache"}
+    return {path for path in folder.rglob("*") if path.is_file() and not caches & set(path.parts)}
+
+
 def run_suite(folder: Path, pytest_args: list[str], budget: float, report: Path, env: dict | None = None) -> None:
     """A suite's pytest with its output in a log beside its report: past its budget it fails with the log's last
     lines (the tests it had finished, on each process) and its slowest tests, not only the time."""
@@ -144,7 +155,7 @@ def test_the_built_wheel_passes_its_own_suite_alone_and_the_engine_suite_with_bo
     lock = without_library_source(cifar / "constraints.txt", tmp_path / "lock.txt")
     try:
         # The wheel with every extra, alone: its suite, from the sdist's copy, sees no project.
-        pip("-c", str(lock), f"{wheel}[sweep,mlflow,wandb,labels,streaming]", cwd=tmp_path)
+        pip("-c", str(lock), f"{wheel}[sweep,mlflow,wandb,labels,streaming,serve]", cwd=tmp_path)
         installed = run(sys.executable, "-m", "pip", "show", "-f", "classifier-engine", cwd=tmp_path).stdout
         assert "Editable project location" not in installed and f"Version: {wheel.name.split('-')[1]}" in installed
         unpacked = tmp_path / "sdist"
@@ -156,7 +167,9 @@ def test_the_built_wheel_passes_its_own_suite_alone_and_the_engine_suite_with_bo
         pip("-c", str(lock), "-e", str(cifar), "-e", str(photos), cwd=tmp_path)
         projects = os.pathsep.join([str(cifar), str(photos)])
         env = {**ENGINE_ENV, "ENGINE_TEST_PROJECTS": projects}
+        before = checkout_files(ON_RENDERS)
         run_suite(ON_RENDERS, *ENGINE_SUITE, tmp_path / "engine.xml", env=env)
+        assert checkout_files(ON_RENDERS) == before  # the tests wrote nothing into this checkout
     finally:
         uninstall("classifier-engine", cifar.name, photos.name)
 

@@ -180,7 +180,7 @@ def test_the_library_imports_without_posix_only_modules():
     windows = (
         "import sys, types; sys.modules['fcntl'] = None; sys.modules['msvcrt'] = types.ModuleType('msvcrt'); "
         "from classifier_engine.foundation import file_lock; assert file_lock.fcntl is None; "
-        "del sys.modules['msvcrt']; import classifier_engine.data, classifier_engine.machinery.cli"
+        "del sys.modules['msvcrt']; import classifier_engine.data, classifier_engine.cli.trainer_cli"
     )
     result = subprocess.run([sys.executable, "-c", windows], capture_output=True, text=True, timeout=300, env=cli_env())
     assert result.returncode == 0, result.stderr[-2000:]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import classifier_engine
-from classifier_engine.machinery.model_guarantees import TrainingTotalsLog
+from classifier_engine.cli.model_guarantees import TrainingTotalsLog
 
 
 def test_every_public_name_resolves_and_says_what_it_is_for():

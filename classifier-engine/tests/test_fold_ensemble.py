@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from classifier_engine.machinery.fold_ensemble import mean_probability_logits
+from classifier_engine.cross_validation.fold_ensemble import mean_probability_logits
 
 
 def test_softmax_of_the_ensemble_logits_is_the_mean_of_the_folds_probabilities_even_where_they_are_extreme():

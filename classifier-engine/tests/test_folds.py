@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from classifier_engine.cross_validation.fold_figures import Spread, spreads, t_975
 from classifier_engine.data.errors import DataSettingError
 from classifier_engine.data.folds import fold_of_each, group_of_key
 from classifier_engine.data.image_sources import find_images
-from classifier_engine.machinery.cross_validation import Spread, spreads, t_975
 
 from .conftest import write_image_folder
 

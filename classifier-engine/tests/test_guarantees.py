@@ -13,22 +13,22 @@ import pytest
 import torch
 from jsonargparse import Namespace
 
-from classifier_engine.foundation.errors import UsageError
-from classifier_engine.machinery.checkpoint_io import AtomicCheckpointIO
-from classifier_engine.machinery.console_log import REDRAWN_LINES, ConsoleLog
-from classifier_engine.machinery.divergence import DivergenceGuard
-from classifier_engine.machinery.ending import exit_status, stopped_message
-from classifier_engine.machinery.guarantees import LastCheckpoint, Safety, check_user_parts
-from classifier_engine.machinery.model_guarantees import (
+from classifier_engine.checkpoints.checkpoint_io import AtomicCheckpointIO
+from classifier_engine.checkpoints.preprocessing_record import PreprocessingRecord
+from classifier_engine.checkpoints.random_state import RandomState
+from classifier_engine.cli.guarantees import LastCheckpoint, Safety, check_user_parts
+from classifier_engine.cli.model_guarantees import (
     CalibrationFit,
     FinalValidation,
     ScheduleResume,
     TrainingTotalsLog,
 )
-from classifier_engine.machinery.preprocessing_record import PreprocessingRecord
-from classifier_engine.machinery.random_state import RandomState
-from classifier_engine.machinery.rank_failure import RankFailureWatch
-from classifier_engine.machinery.stop_on_signal import StopOnSignal
+from classifier_engine.faults.divergence import DivergenceGuard
+from classifier_engine.faults.ending import exit_status, stopped_message
+from classifier_engine.faults.rank_failure import RankFailureWatch
+from classifier_engine.faults.stop_on_signal import StopOnSignal
+from classifier_engine.foundation.errors import UsageError
+from classifier_engine.runs.console_log import REDRAWN_LINES, ConsoleLog
 
 
 def namespaces(items: list[dict] | None) -> list[Namespace] | None:

@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from torch.utils.tensorboard import SummaryWriter
 
-from classifier_engine.machinery.cli import TrainerCLI
+from classifier_engine.cli.trainer_cli import TrainerCLI
 from classifier_engine.testing import write_image_folder
 from classifier_engine.testing.reference import REFERENCE_CONFIG, ReferenceClassifier
 
@@ -71,8 +71,8 @@ def test_a_fork_server_hands_its_alive_pipe_to_its_workers_where_they_close_it()
 
 
 def test_lightning_clis_config_reader_parser_and_seeding_keep_their_signatures():
-    # machinery/cli.py reads the built config with _get and each subcommand's parser with _parser;
-    # machinery/sweeps/validate.py and machinery/pack_command.py override _set_seed to parse without seeding.
+    # cli/trainer_cli.py reads the built config with _get and each subcommand's parser with _parser;
+    # machinery/sweeps/validate.py and cli/pack_command.py override _set_seed to parse without seeding.
     assert list(inspect.signature(LightningCLI._get).parameters) == ["self", "config", "key", "default"]
     assert list(inspect.signature(LightningCLI._parser).parameters) == ["self", "subcommand"]
     assert list(inspect.signature(LightningCLI._set_seed).parameters) == ["self"]
@@ -89,7 +89,7 @@ def test_the_dataloader_draws_its_batches_from_its_index_sampler():
 
 
 def test_litdatas_store_client_options_random_source_crash_report_and_fs_provider():
-    # data/object_store.py: the S3 client's options (allow_http), the credential jitter's random source, the
+    # data/streams/object_store.py: the S3 client's options (allow_http), the credential jitter's random source, the
     # prefetch thread's crash report, and the one-file reader its optimize() uses.
     import random
 

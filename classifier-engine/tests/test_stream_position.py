@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from classifier_engine.data.errors import DataSettingError
-from classifier_engine.data.stream_position import Segment, Topology, resume
+from classifier_engine.data.streams.position import Segment, Topology, resume
 
 TWO_RANKS = Topology(world_size=2, num_nodes=1, num_workers=2, items_per_batch=4)
 ONE_RANK = Topology(world_size=1, num_nodes=1, num_workers=2, items_per_batch=8)

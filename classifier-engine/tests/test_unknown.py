@@ -141,7 +141,7 @@ def test_validation_features_are_the_head_input_of_the_validation_pass_itself(tm
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
-    from classifier_engine.machinery.model_guarantees import CalibrationFit
+    from classifier_engine.cli.model_guarantees import CalibrationFit
 
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (24, 3, 32, 32), dtype=torch.uint8, generator=generator)

@@ -100,6 +100,13 @@ def free_port() -> int:
 
 
 @pytest.fixture(autouse=True)
+def in_its_own_folder(tmp_path, monkeypatch):
+    """Each test runs in its own temporary folder: what a command builds in-process under relative defaults
+    (``data/packed``, ``data/``, ``runs/``) lands there, never in this checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
 def no_tracking_uri_from_an_earlier_test(monkeypatch):
     """``mlflow.set_tracking_uri`` (the registry, run in-process) exports MLFLOW_TRACKING_URI to every later
     subprocess: an export would register into another test's store, its artifacts in this folder. Each test
@@ -313,8 +320,8 @@ def slurm_stand_ins(root: Path, tasks: int = 1) -> tuple[Path, Path]:
 
 def run_data_of(last: Path, data_dir: Path | None = None):
     """The run's data for its checkpoint ``last``, built as ``export.py --config <run>/config.yaml`` builds it."""
-    from classifier_engine.machinery.export.model_loading import load_model
-    from classifier_engine.machinery.export.run_data import load_run_data
+    from classifier_engine.export.model_loading import load_model
+    from classifier_engine.export.run_data import load_run_data
 
     project = PHOTO_ROOT if "images" in yaml_text(last.parent.parent / "config.yaml") else PROJECT_ROOT
     package = "photo_classifier" if project == PHOTO_ROOT else "cifar_classifier"

@@ -41,9 +41,9 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from classifier_engine.cli.trainer_cli import TrainerCLI
 from classifier_engine.commands import export as export_command
 from classifier_engine.foundation.errors import exit_with
-from classifier_engine.machinery.cli import TrainerCLI
 
 from .conftest import (
     PHOTO_ROOT,
@@ -128,7 +128,7 @@ GADGETS: list[tuple[str, Callable[[Trap], Any]]] = [
     ("name", lambda trap: spec("subprocess.P\u043epen", args=["touch", str(trap.marker)])),  # a Cyrillic o
     ("name", lambda trap: spec("torch.nn.L\u0456near", in_features=1, out_features=1)),  # a Cyrillic i
     ("imported", lambda trap: spec("timm.models._hub.TemporaryDirectory", dir=str(trap.folder))),
-    ("imported", lambda trap: spec("classifier_engine.machinery.sweeps.study.JournalFileBackend",
+    ("imported", lambda trap: spec("classifier_engine.sweeps.study.JournalFileBackend",
                                    file_path=str(trap.folder / "journal.log"))),
     ("older", lambda trap: {"optimizer": popen(trap), "backbone": yaml_spec(trap)}),
     ("size", lambda trap: torch.zeros(1, dtype=torch.float16).expand(2**31, 16)),
@@ -284,7 +284,10 @@ def renders(tmp_path_factory) -> dict[str, Render]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("which", ["cifar", "photos"])
+@pytest.mark.parametrize(
+    "which",
+    [pytest.param("cifar", marks=pytest.mark.slow), "photos"],  # the same gadgets; CI runs the photo render's
+)
 def test_no_gadget_in_a_checkpoint_runs_on_any_command(renders, which, tmp_path_factory, monkeypatch):
     render = renders[which]
     monkeypatch.chdir(render.root)  # the runs' relative folders (data/, runs/) resolve as a user's would

@@ -13,11 +13,11 @@ from cifar_classifier.models import ImageClassifier
 from engine_probes import TinyNet
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from classifier_engine.machinery.cli import TrainerCLI, main
-from classifier_engine.machinery.export.errors import ExportError
-from classifier_engine.machinery.export.model_loading import load_model
-from classifier_engine.machinery.identity import RunIdentity
-from classifier_engine.machinery.run import Run
+from classifier_engine.cli.trainer_cli import TrainerCLI, main
+from classifier_engine.export.errors import ExportError
+from classifier_engine.export.model_loading import load_model
+from classifier_engine.runs.identity import RunIdentity
+from classifier_engine.runs.run import Run
 
 from .conftest import (
     DATASET,

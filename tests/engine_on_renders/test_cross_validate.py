@@ -78,6 +78,8 @@ def last_logged(run_dir: Path, tag: str) -> float:
     return events.Scalars(tag)[-1].value
 
 
+@pytest.mark.slow  # five folds, a final model and its export: the full tier (-m slow); CI runs the fold runner
+# through check_labels.py (test_label_check) and the folds' verdict through its unit test
 def test_one_command_cross_validates_a_folder_and_check_labels_reuses_its_folds(tmp_path):
     photos = photos_with_subjects(tmp_path)
     refused = command("cross_validate.py", tmp_path, photos)

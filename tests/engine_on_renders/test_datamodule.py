@@ -6,7 +6,7 @@ from cifar_classifier.data import CifarDataModule
 
 from classifier_engine.data.dataset import Positions
 from classifier_engine.data.errors import DataError
-from classifier_engine.machinery.config_hash import canonical_config
+from classifier_engine.runs.config_hash import canonical_config
 
 from .conftest import DATASET
 

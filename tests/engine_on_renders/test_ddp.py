@@ -18,8 +18,8 @@ from cifar_classifier.data import CifarDataModule
 from cifar_classifier.models import ImageClassifier
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from classifier_engine.cli.trainer_cli import TrainerCLI
 from classifier_engine.data.folder import stratified_split
-from classifier_engine.machinery.cli import TrainerCLI
 from classifier_engine.testing.cifar_archives import write_archive
 
 from .conftest import (
@@ -135,7 +135,7 @@ def test_distributed_validation_equals_single_process(ddp_run, monkeypatch):
     assert two_process == pytest.approx(float(single), abs=1e-6)
 
 
-@pytest.mark.every_render  # every config writes the report; under DDP it is a collective
+# Every config writes the report; under DDP it is a collective. The full tier (-m slow) only: CI's time.
 def test_the_report_of_a_two_process_test_equals_the_single_process_one(ddp_run):
     root, _ = ddp_run
     last = only_run_dir(root) / "checkpoints" / "last.ckpt"
@@ -254,7 +254,7 @@ def live_processes_of_group(group: int) -> list[int]:
     return alive
 
 
-@pytest.mark.every_render  # the loader workers come from fork servers: each must end with its rank
+# The loader workers come from fork servers: each must end with its rank. The full tier (-m slow) only.
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 def test_killing_rank_zero_ends_every_process_of_the_run_within_seconds(tmp_path):
     write_indexed_archive(tmp_path / "data")

@@ -279,7 +279,7 @@ def image_folder(data_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "kill",
-    [pytest.param("train_batch:1:3@SIGTERM", marks=pytest.mark.every_render), "train_batch:1:3"],
+    ["train_batch:1:3@SIGTERM", "train_batch:1:3"],  # CI resumes the default fine-tune on a folder exactly (below)
     ids=["sigterm", "kill-9"],
 )
 def test_a_run_on_a_folder_of_images_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_result(
@@ -295,7 +295,7 @@ def imbalanced_folder(data_dir: Path) -> None:
     write_image_folder(data_dir / "images", classes=("rare",), per_class=4)
 
 
-@pytest.mark.every_render
+# the full tier (-m slow) only: CI's time
 def test_a_balanced_sampler_run_stopped_by_sigterm_resumes_to_exactly_the_uninterrupted_result(tmp_path, reference):
     # Each epoch's draw (with replacement, each class alike) comes from (seed, epoch): the resumed run draws the
     # same batches and skips those already trained, as the shuffled order does.

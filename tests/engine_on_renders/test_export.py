@@ -23,15 +23,15 @@ from torchvision import datasets
 from torchvision.datasets import cifar
 
 from classifier_engine.commands import export as export_command
-from classifier_engine.machinery.export.contract import sample_images
-from classifier_engine.machinery.export.evaluation import (
+from classifier_engine.export.contract import sample_images
+from classifier_engine.export.evaluation import (
     measure_parity,
     onnx_predictor,
     torch_predictor,
 )
-from classifier_engine.machinery.export.onnx_export import export_onnx
-from classifier_engine.machinery.export.program import export_program, load_program
-from classifier_engine.machinery.export.quantize import Calibration, quantize_int8
+from classifier_engine.export.onnx_export import export_onnx
+from classifier_engine.export.program import export_program, load_program
+from classifier_engine.export.quantize import Calibration, quantize_int8
 from classifier_engine.models.cost import model_cost, thop_macs_and_params, torch_flops
 from classifier_engine.testing.cifar_archives import write_archive
 
@@ -254,7 +254,7 @@ def test_an_int8_model_that_loses_too_much_is_not_written_and_an_earlier_export_
 @pytest.mark.every_render  # cross_validate.py's promise of a model to ship; seconds on the module's trained run
 def test_a_cross_validations_final_model_ships_in_fp32_when_int8_loses_too_much(trained, tmp_path, capsys, monkeypatch):
     from classifier_engine.commands.cross_validate import export_final
-    from classifier_engine.machinery.export import artifacts
+    from classifier_engine.export import artifacts
 
     builds, build = [], artifacts.build
 
@@ -269,10 +269,14 @@ def test_a_cross_validations_final_model_ships_in_fp32_when_int8_loses_too_much(
     final.write_bytes(trained.read_bytes())
     # As above: int8 calibrated on one image with symmetric ranges, no loss allowed (cross_validate.py passes none
     # of these; its int8 fails the same way when it loses more than export's default limit).
-    options = ("--data_dir", str(trained.parents[4] / "data"), "--calibration_images=1", "--int8_symmetric",
-               "--max_int8_drop=0")  # fmt: skip
+    settings = {
+        "data_dir": trained.parents[4] / "data",
+        "calibration_images": 1,
+        "int8_symmetric": True,
+        "max_int8_drop": 0.0,
+    }
     export_final(
-        final, ImageClassifier, default_config(), ["--config", str(trained.parents[1] / "config.yaml")], options
+        final, ImageClassifier, default_config(), ["--config", str(trained.parents[1] / "config.yaml")], **settings
     )
     said = capsys.readouterr().out
     assert "Final model: int8 left out: it loses " in said and "(limit 0.0); shipping ONNX and .pt2" in said

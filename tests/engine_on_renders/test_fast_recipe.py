@@ -9,13 +9,13 @@ from cifar_classifier.models.test_time import FlipTranslate
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from classifier_engine.data.cifar_format import CIFAR10
-from classifier_engine.machinery.export.evaluation import (
+from classifier_engine.export.evaluation import (
     measure_parity,
     onnx_predictor,
     torch_predictor,
 )
-from classifier_engine.machinery.export.model_loading import load_model
-from classifier_engine.machinery.export.onnx_export import export_onnx
+from classifier_engine.export.model_loading import load_model
+from classifier_engine.export.onnx_export import export_onnx
 
 from .conftest import PROJECT_ROOT, default_config, only_run_dir, run_cli, write_tiny_archive
 

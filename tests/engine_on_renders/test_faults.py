@@ -86,7 +86,7 @@ def resume(root: Path, *extra: str, env: dict[str, str] | None = None) -> subpro
     return run_cli(*fit_args("data", "--ckpt_path=last", *extra), cwd=root, env=env)
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["32-true", pytest.param("bf16-mixed", marks=pytest.mark.slow)])
 def test_a_diverged_run_fails_at_the_step_its_loss_went_non_finite_and_checkpoints_no_nan(work, precision):
     run_dir = only_run_dir(work).relative_to(work)
     before = checkpoints(work / run_dir)
@@ -231,7 +231,7 @@ def test_both_of_torch_s_reports_of_a_dead_loader_worker_are_named(tmp_path, tor
     """torch's SIGCHLD handler names the signal; its loader's timeout check, reached first at times, does not."""
     from types import SimpleNamespace
 
-    from classifier_engine.machinery.faults import describe_fault
+    from classifier_engine.faults.known_faults import describe_fault
 
     trainer = SimpleNamespace(state=SimpleNamespace(fn=None), datamodule=SimpleNamespace(num_workers=2))
     line = describe_fault(RuntimeError(torch_says), trainer, tmp_path, None)
@@ -257,8 +257,8 @@ class UndecodablePhotos(torch.utils.data.Dataset):
 
 def test_a_loader_worker_s_error_is_named_by_the_worker_s_own_last_line():
     """torch raises it again in the training process, the worker's traceback as its text; the line names the error."""
-    from classifier_engine.machinery.faults import WORKER_RAISED, worker_reason
-    from classifier_engine.machinery.rank_failure import short_reason
+    from classifier_engine.faults.known_faults import WORKER_RAISED, worker_reason
+    from classifier_engine.faults.rank_failure import short_reason
 
     with pytest.raises(ValueError, match=r"^Caught ValueError in DataLoader worker process 0") as raised:
         next(iter(torch.utils.data.DataLoader(UndecodablePhotos(), num_workers=1)))

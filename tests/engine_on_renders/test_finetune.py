@@ -215,7 +215,7 @@ def test_each_automatic_choice_gives_way_to_a_value_the_config_sets(tmp_path, of
     assert "all layers at once" in line
 
 
-@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+@pytest.mark.parametrize("hub", ["offline", pytest.param("unreachable", marks=pytest.mark.slow)])
 def test_the_default_photo_config_without_weights_is_refused_in_one_line(tmp_path, offline, hub):
     photos = write_image_folder(tmp_path / "photos", per_class=4)
     before = sorted(path.name for path in tmp_path.iterdir())
@@ -278,8 +278,7 @@ def test_the_default_fine_tune_trains_the_head_then_everything_from_a_weights_fi
         assert "the starting network with a head fitted on its frozen features" in weights_line, weights_line
 
 
-@pytest.mark.slow  # two CPU processes, two epochs of the default network at 32 px
-@pytest.mark.every_render
+@pytest.mark.slow  # two CPU processes, two epochs of the default network at 32 px: the full tier only
 def test_the_default_fine_tune_runs_under_ddp_with_its_body_frozen_for_the_head_epoch(tmp_path, offline):
     # The DDP preset searches for no unused parameters: the frozen body still gets its gradients, dropped before
     # each step, so the reducer sees every parameter and the body stays exactly as loaded for the head's epoch.

@@ -20,8 +20,8 @@ import torch
 from cifar_classifier.callbacks import GradientHistograms, GradScaleWatchdog
 from cifar_classifier.models import ImageClassifier
 
+from classifier_engine.cli.trainer_cli import TrainerCLI
 from classifier_engine.data.cifar_format import CIFAR10
-from classifier_engine.machinery.cli import TrainerCLI
 
 from .conftest import FAST_ARGS, PROJECT_ROOT, cli_env, default_config, write_tiny_archive
 

@@ -22,9 +22,9 @@ from cifar_classifier.callbacks import GradientHistograms, GradScaleWatchdog
 from cifar_classifier.models import ImageClassifier
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from classifier_engine.cli.trainer_cli import TrainerCLI
 from classifier_engine.data.cifar_format import CIFAR10
-from classifier_engine.machinery.cli import TrainerCLI
-from classifier_engine.machinery.divergence import DivergenceGuard
+from classifier_engine.faults.divergence import DivergenceGuard
 from classifier_engine.models.calibration import Calibration
 
 from .conftest import FAST_ARGS, PROJECT_ROOT, default_config, write_tiny_archive

@@ -63,7 +63,7 @@ def test_the_manifest_is_a_trainjob_and_a_claim_the_api_models_read_back_whole()
 
 
 @pytest.mark.slow  # two training processes, twice
-@pytest.mark.every_render
+# the full tier (-m slow) only: CI's time
 def test_the_trainjob_command_trains_as_two_nodes_and_a_restarted_job_finds_its_run(tmp_path):
     job, _ = documents()
     trainer = job["spec"]["trainer"]

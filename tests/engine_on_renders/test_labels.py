@@ -423,6 +423,7 @@ def write_noisy_arrays(folder: Path, per_class: int = 150) -> Path:
     return folder
 
 
+@pytest.mark.slow  # twenty epochs to over-fit: the full tier (-m slow); CI fits calibration in every run
 def test_temperature_scaling_mends_an_over_confident_model_and_unknown_keeps_its_share(tmp_path):
     write_noisy_arrays(tmp_path / "photos")
     args = images_args(tmp_path / "photos", "--data.test_fraction=0.25", "--data.batch_size=16",

@@ -19,7 +19,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from classifier_engine.callbacks.linear_probe import ProbeChoice
-from classifier_engine.machinery.final_model import probe_verdict
+from classifier_engine.cross_validation.final_model import probe_verdict
 from classifier_engine.models.linear_probe import fit_linear_probe
 
 from .conftest import PHOTO_ROOT, cli_env, finetune_args, run_cli, write_image_folder
@@ -103,8 +103,7 @@ def test_a_fine_tune_worse_than_its_probe_ships_the_probe(tmp_path, offline):  #
     assert events.Scalars("probe/val_top1")[-1].value == pytest.approx(probe_top1, abs=1e-6)
 
 
-@pytest.mark.slow  # a probe, an export and a predict of the default network at 32 px
-@pytest.mark.every_render
+@pytest.mark.slow  # a probe, an export and a predict of the default network at 32 px: the full tier only
 def test_the_probe_alone_is_an_ordinary_run_that_exports_and_predicts(tmp_path, offline):  # noqa: F811
     photos = write_image_folder(tmp_path / "photos", per_class=12)
     weights = default_weights(tmp_path / "default.pth")

@@ -1,7 +1,7 @@
 """The model contract and the guarantees the CLI installs whatever the model does.
 
 A project's LightningModule is the user's to rewrite; exact resume and calibrated answers must not
-depend on what its steps do (``machinery/model_guarantees.py``), and a model that lacks part of the
+depend on what its steps do (``cli/model_guarantees.py``), and a model that lacks part of the
 contract (``classifier_engine.ClassifierModel``) is refused in one line before anything is built.
 """
 

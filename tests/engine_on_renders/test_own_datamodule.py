@@ -107,7 +107,7 @@ def fit_test_predict(fit: list[str], cwd: Path, env: dict[str, str]) -> Path:
     return run
 
 
-@pytest.mark.every_render  # the promise holds whatever the render's default dataset
+# The promise holds whatever the render's default dataset; the full tier (-m slow) only: CI's time.
 def test_the_docs_datamodule_gets_test_predict_export_int8_and_the_registry(tmp_path):
     (tmp_path / "my_data.py").write_text(docs_block("python", "# my_data.py"))
     (tmp_path / "configs").mkdir()

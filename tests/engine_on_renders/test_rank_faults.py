@@ -30,7 +30,7 @@ from .conftest import (
 )
 from .test_ddp import ddp_args, live_processes_of_group, write_indexed_archive
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_render]  # two processes per run, three launchers
+pytestmark = pytest.mark.slow  # two processes per run, three launchers; CI runs torchrun's
 PROBE = "--trainer.callbacks+=engine_probes.FailAt"
 FAULT = {"FAIL_AT": "1:2", "FAIL_RANK": "1"}  # epoch 0 (5 steps) is in last.ckpt; rank 1 fails in epoch 1
 ENDED_WITHIN = 60  # seconds from the fault to the last process of the job
@@ -103,7 +103,9 @@ def reference_weights(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(
-    ("launcher", "kind"), [("lightning", "oom"), ("torchrun", "error"), ("slurm", "oom")], ids=lambda v: v
+    ("launcher", "kind"),
+    [("lightning", "oom"), pytest.param("torchrun", "error", marks=pytest.mark.every_render), ("slurm", "oom")],
+    ids=lambda v: v,
 )
 def test_a_fault_on_one_rank_ends_every_rank_and_the_run_resumes_exactly(tmp_path, reference_weights, launcher, kind):
     command, cwd, env = LAUNCHERS[launcher](tmp_path)

@@ -85,6 +85,8 @@ def serve(model_uri: str, tracking_uri: str, port: int, cwd: Path) -> subprocess
     raise AssertionError("mlflow models serve did not answer /ping within 180 s")
 
 
+@pytest.mark.slow  # mlflow models serve starts a server: the full tier (-m slow); CI registers and loads
+# (test_labels' multi-label walk)
 def test_registered_versions_load_in_mlflow_and_are_served_over_http(tracked):
     root = tracked.parents[4]
     result = subprocess.run(

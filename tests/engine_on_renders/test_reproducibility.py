@@ -11,7 +11,7 @@ import pytest
 import torch
 from cifar_classifier.models import ImageClassifier
 
-from classifier_engine.machinery.checkpoint_io import AtomicCheckpointIO
+from classifier_engine.checkpoints.checkpoint_io import AtomicCheckpointIO
 
 from .conftest import (
     cli_env,
@@ -28,7 +28,7 @@ pytestmark = [
 
 
 def in_process(args, cwd, monkeypatch):
-    from classifier_engine.machinery.cli import TrainerCLI
+    from classifier_engine.cli.trainer_cli import TrainerCLI
 
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", ["main.py"])
@@ -77,7 +77,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_continues_from_it(tmp_path):
 
 WRITER = """
 import sys, torch
-from classifier_engine.machinery.checkpoint_io import AtomicCheckpointIO
+from classifier_engine.checkpoints.checkpoint_io import AtomicCheckpointIO
 io = AtomicCheckpointIO()
 payload = {"state_dict": {"w": torch.zeros(4_000_000)}}
 i = 0

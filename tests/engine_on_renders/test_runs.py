@@ -104,10 +104,10 @@ BAD_INPUTS = [
     ("bad-value", ["--model.lr_schedule.warmup_fraction=2"], 2, "model.lr_schedule.warmup_fraction"),
     ("network-without-num-classes", ["--model.backbone=torch.nn.Identity"], 2, "model.backbone Identity("),
     ("output-not-a-folder", ["--trainer.logger.init_args.save_dir=a_file/runs"], 1, "save_dir"),
-    # What resume rests on cannot be listed again, replaced or switched off (machinery/guarantees.py).
+    # What resume rests on cannot be listed again, replaced or switched off (cli/guarantees.py).
     (
         "installed-callback-listed",
-        ["--trainer.callbacks+=classifier_engine.machinery.random_state.RandomState"],
+        ["--trainer.callbacks+=classifier_engine.checkpoints.random_state.RandomState"],
         2,
         "RandomState is installed by the project",
     ),

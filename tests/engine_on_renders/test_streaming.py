@@ -153,7 +153,7 @@ def reference(packed, tmp_path_factory):
     return root, args
 
 
-@pytest.mark.every_render
+# the full tier (-m slow) only: CI's time
 def test_two_packing_processes_fill_the_bucket_with_every_photo_once(packed):
     root, env = packed
     import boto3
@@ -171,7 +171,7 @@ def test_two_packing_processes_fill_the_bucket_with_every_photo_once(packed):
     assert again.returncode == 0, again.stderr[-2000:]
 
 
-@pytest.mark.every_render
+# the full tier (-m slow) only: CI's time
 def test_two_ranks_stream_disjoint_shards_covering_the_training_photos(reference):
     root, _ = reference
     records = probe_records(root)
@@ -188,7 +188,7 @@ def test_two_ranks_stream_disjoint_shards_covering_the_training_photos(reference
 @pytest.mark.parametrize(
     ("kill", "extra"),
     [
-        pytest.param("train_batch:1:2@SIGTERM", (), id="sigterm", marks=pytest.mark.every_render),
+        pytest.param("train_batch:1:2@SIGTERM", (), id="sigterm"),  # CI resumes a folder run and the fine-tune exactly
         pytest.param("train_batch:1:2", ("--safety.last_every_n_train_steps=1",), id="kill-9-after-a-step-checkpoint"),
     ],
 )
@@ -264,7 +264,7 @@ def test_reading_the_store_leaves_the_run_s_random_state_as_it_found_it(packed, 
     assert data.training_sample(4).shape[0] == 4 and random.getstate() == before
 
 
-@pytest.mark.every_render
+# the full tier (-m slow) only: CI's time
 def test_export_judges_the_streamed_run_on_its_held_out_split(reference, packed):
     root, _ = reference
     _, env = packed
@@ -439,7 +439,7 @@ def test_pack_holds_out_what_the_project_s_own_split_holds_out(tmp_path):
     assert record["counts"] == {"train": 30, "val": 6}  # two of each of the three classes, not half of them
 
 
-@pytest.mark.every_render
+# the full tier (-m slow) only: CI's time
 def test_the_project_s_own_split_and_augmentation_apply_to_packed_and_streamed_runs_alike(tmp_path):
     # One DataModule class of the user's for every storage: memory-mapped (packed at the first fit), and streamed
     # from a store pack.py wrote through the same class (data.source set, no class swap).

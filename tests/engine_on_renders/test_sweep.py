@@ -22,8 +22,8 @@ from optuna.trial import TrialState
 
 from classifier_engine.commands import sweep as sweep_command_line  # sweep.py's, in this process
 from classifier_engine.foundation.errors import UsageError
-from classifier_engine.machinery.sweeps.space import SweepSpec
-from classifier_engine.machinery.sweeps.study import without_password
+from classifier_engine.sweeps.space import SweepSpec
+from classifier_engine.sweeps.study import without_password
 
 from .conftest import (
     FAST_ARGS,

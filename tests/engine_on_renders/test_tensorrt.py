@@ -14,8 +14,8 @@ import torch
 from cifar_classifier.models import ImageClassifier
 from cifar_classifier.models.backbones import FastCNN
 
-from classifier_engine.machinery.export.contract import INPUT_NAME, OUTPUT_NAME, sample_images
-from classifier_engine.machinery.export.onnx_export import export_onnx
+from classifier_engine.export.contract import INPUT_NAME, OUTPUT_NAME, sample_images
+from classifier_engine.export.onnx_export import export_onnx
 
 from .conftest import PROJECT_ROOT
 

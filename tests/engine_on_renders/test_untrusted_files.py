@@ -21,11 +21,11 @@ import pytest
 import torch
 from cifar_classifier.models import ImageClassifier
 
+from classifier_engine.checkpoints.checkpoint_io import AtomicCheckpointIO, read_checkpoint
+from classifier_engine.checkpoints.checkpoint_values import SCHEMA_PACKAGES, CheckpointError, settings_to_take
+from classifier_engine.cli.trainer_cli import TrainerCLI
 from classifier_engine.data.errors import DataSettingError
 from classifier_engine.data.image_sources import find_images
-from classifier_engine.machinery.checkpoint_io import AtomicCheckpointIO, read_checkpoint
-from classifier_engine.machinery.checkpoint_values import SCHEMA_PACKAGES, CheckpointError, settings_to_take
-from classifier_engine.machinery.cli import TrainerCLI
 
 from .conftest import (
     PHOTO_ROOT,
@@ -86,7 +86,8 @@ def refused_in_one_line(result: subprocess.CompletedProcess, evil: Path, marker:
     assert not marker.exists(), "the checkpoint ran its command"
 
 
-@pytest.mark.parametrize("kind", KINDS)
+# CI runs the pickle; the plain-data gadgets run on every command in test_checkpoint_fuzz as well
+@pytest.mark.parametrize("kind", [pytest.param("plain-data", marks=pytest.mark.slow), "pickle"])
 def test_every_command_that_takes_a_checkpoint_refuses_one_that_would_run_code(trained, kind, tmp_path):
     root, run = trained
     marker = tmp_path / "MARKER"
@@ -115,9 +116,8 @@ def test_every_command_that_takes_a_checkpoint_refuses_one_that_would_run_code(t
     assert tree(root / "runs") == before  # no checkpoint, config or log of the run changed
 
 
-@pytest.mark.slow  # two short fold fits
-@pytest.mark.every_render
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow  # two short fold fits; CI runs the pickle
+@pytest.mark.parametrize("kind", ["plain-data", pytest.param("pickle", marks=pytest.mark.every_render)])
 def test_check_labels_refuses_a_fold_checkpoint_that_would_run_code(tmp_path, kind):
     photos = write_image_folder(tmp_path / "photos", per_class=12)
     command = [

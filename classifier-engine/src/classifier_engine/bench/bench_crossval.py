@@ -49,9 +49,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..machinery.checkpoint_io import stored_entry
-from ..machinery.export.model_loading import load_model
-from ..machinery.export.run_data import load_run_data
+from ..checkpoints.checkpoint_io import stored_entry
+from ..export.model_loading import load_model
+from ..export.run_data import load_run_data
 from ..models.domain import find_head
 from ..models.network_parts import logits_and_features
 from .bench_unknown import write_quick_sets
@@ -65,10 +65,19 @@ def options(args: argparse.Namespace, data: Path) -> list[str]:
     """The fit options every command of the benchmark shares (its own work is named by what it adds)."""
     weights = [f"--model.backbone.weights_path={args.weights_path}"] if args.weights_path else []
     pooled = ["--data.pool_val=true"] if (data / "val").is_dir() else []
-    return ["--config", str(IMAGES_CONFIG), *weights, *args.extra, *pooled, f"--data.image_dir={data}",
-            f"--data.test_fraction={args.test_fraction}", f"--data.split_seed={args.seed}",
-            f"--trainer.max_epochs={args.epochs}", f"--seed_everything={args.seed}",
-            "--trainer.enable_progress_bar=false"]  # fmt: skip
+    return [
+        "--config",
+        str(IMAGES_CONFIG),
+        *weights,
+        *args.extra,
+        *pooled,
+        f"--data.image_dir={data}",
+        f"--data.test_fraction={args.test_fraction}",
+        f"--data.split_seed={args.seed}",
+        f"--trainer.max_epochs={args.epochs}",
+        f"--seed_everything={args.seed}",
+        "--trainer.enable_progress_bar=false",
+    ]
 
 
 def timed(command: list[str], cwd: Path) -> float:
@@ -128,9 +137,13 @@ def paired(answers: list[TestAnswers], who: str) -> list[TestAnswers]:
         where = {name: index for index, name in enumerate(answer.names)}
         index = np.array([where[name] for name in order])
         aligned.append(
-            answer._replace(probabilities=answer.probabilities[index], labels=answer.labels[index],
-                            right=answer.right[index], names=order)
-        )  # fmt: skip
+            answer._replace(
+                probabilities=answer.probabilities[index],
+                labels=answer.labels[index],
+                right=answer.right[index],
+                names=order,
+            )
+        )
     return aligned
 
 
@@ -168,8 +181,10 @@ def fold_runs(root: Path) -> dict[int | None, Path]:
 def fit_seconds(runs: dict[int | None, Path]) -> list[float]:
     """Each fold run's training time, fold by fold: from its config (written as fit starts) to its last
     checkpoint (written as it ends). Set against the whole command's, it shows where the time went."""
-    return [(run / "checkpoints" / "last.ckpt").stat().st_mtime - (run / "config.yaml").stat().st_mtime
-            for fold, run in sorted((fold, run) for fold, run in runs.items() if fold is not None)]  # fmt: skip
+    return [
+        (run / "checkpoints" / "last.ckpt").stat().st_mtime - (run / "config.yaml").stat().st_mtime
+        for fold, run in sorted((fold, run) for fold, run in runs.items() if fold is not None)
+    ]
 
 
 def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
@@ -206,26 +221,35 @@ def one_set(args: argparse.Namespace, data: Path, scratch: Path) -> dict:
     single_interval = wilson(int(single.right.sum()), len(single.labels))
     final_interval = wilson(int(final.right.sum()), len(final.labels))
     return {
-        "cv_top1": float(top1["mean"]), "cv_ci95": [low, high], "cv_std": float(top1["std"]),
+        "cv_top1": float(top1["mean"]),
+        "cv_ci95": [low, high],
+        "cv_std": float(top1["std"]),
         "single_split_test_top1": single.top1,
         "fold_models_test_top1": statistics.mean(answer.top1 for answer in fold_answers),
-        "final_model_test_top1": final.top1, "fold_ensemble_test_top1": ensemble_test,
+        "final_model_test_top1": final.top1,
+        "fold_ensemble_test_top1": ensemble_test,
         "final_model_epochs": int(stored_entry(final_run / "checkpoints" / "final.ckpt", "cross_validation")["epochs"]),
-        "single_split_test_in_domain": single.in_domain, "final_model_test_in_domain": final.in_domain,
+        "single_split_test_in_domain": single.in_domain,
+        "final_model_test_in_domain": final.in_domain,
         "single_split_test_inside_interval": low <= single.top1 <= high,
         "final_model_test_inside_interval": low <= final.top1 <= high,
         "test_images": len(final.labels),
-        "single_split_test_ci95": single_interval, "final_model_test_ci95": final_interval,
+        "single_split_test_ci95": single_interval,
+        "final_model_test_ci95": final_interval,
         # The other way round: the estimate inside what the test split's own size allows of each test figure.
         "cv_inside_single_split_test_ci95": single_interval[0] <= float(top1["mean"]) <= single_interval[1],
         "cv_inside_final_model_test_ci95": final_interval[0] <= float(top1["mean"]) <= final_interval[1],
-        "only_final_model_right": only_final, "only_single_split_right": only_single,
+        "only_final_model_right": only_final,
+        "only_single_split_right": only_single,
         "final_vs_single_mcnemar_p": mcnemar(only_final, only_single),
-        "seed": args.seed, "cv_seconds": cv_seconds, "separate_fits_seconds": separate_seconds,
+        "seed": args.seed,
+        "cv_seconds": cv_seconds,
+        "separate_fits_seconds": separate_seconds,
         "final_model_seconds": final_seconds,
         "time_ratio": cv_seconds / separate_seconds,
-        "cv_fold_fit_seconds": cv_fits, "separate_fold_fit_seconds": separate_fits,
-    }  # fmt: skip
+        "cv_fold_fit_seconds": cv_fits,
+        "separate_fold_fit_seconds": separate_fits,
+    }
 
 
 def main() -> None:
@@ -254,8 +278,12 @@ def main() -> None:
         scratch = Path(folder)
         if args.quick:
             args.sets, args.folds, args.epochs = write_quick_sets(scratch / "sets")[:1], 2, 1
-            args.extra = ["--model.backbone.name=resnet10t", "--model.backbone.pretrained=false",
-                          "--data.image_size=32", "--data.num_workers=0"]  # fmt: skip
+            args.extra = [
+                "--model.backbone.name=resnet10t",
+                "--model.backbone.pretrained=false",
+                "--data.image_size=32",
+                "--data.num_workers=0",
+            ]
         elif not args.sets:
             parser.error("--sets is required (or --quick)")
         if args.weights_path:
@@ -263,14 +291,18 @@ def main() -> None:
         for data in (path.expanduser().resolve() for path in args.sets):
             row = results[data.name] = one_set(args, data, scratch / data.name)
             low, high = row["cv_ci95"]
-            inside = "/".join("yes" if row[f"{name}_test_inside_interval"] else "no"
-                              for name in ("single_split", "final_model"))  # fmt: skip
-            print(f"| {data.name} | {row['cv_top1']:.3f} ({low:.3f} to {high:.3f}) | "
-                  f"{row['single_split_test_top1']:.3f} | {row['fold_models_test_top1']:.3f} | "
-                  f"{row['final_model_test_top1']:.3f} ({row['final_model_epochs']} epochs) | "
-                  f"{row['fold_ensemble_test_top1']:.3f} | {inside} | "
-                  f"{row['single_split_test_in_domain']:.3f}, {row['final_model_test_in_domain']:.3f} | "
-                  f"{row['time_ratio']:.3f} |", flush=True)  # fmt: skip
+            inside = "/".join(
+                "yes" if row[f"{name}_test_inside_interval"] else "no" for name in ("single_split", "final_model")
+            )
+            print(
+                f"| {data.name} | {row['cv_top1']:.3f} ({low:.3f} to {high:.3f}) | "
+                f"{row['single_split_test_top1']:.3f} | {row['fold_models_test_top1']:.3f} | "
+                f"{row['final_model_test_top1']:.3f} ({row['final_model_epochs']} epochs) | "
+                f"{row['fold_ensemble_test_top1']:.3f} | {inside} | "
+                f"{row['single_split_test_in_domain']:.3f}, {row['final_model_test_in_domain']:.3f} | "
+                f"{row['time_ratio']:.3f} |",
+                flush=True,
+            )
     print(json.dumps(results))
 
 

@@ -77,8 +77,15 @@ def memory_probe(data_dir: Path, workers: int, batch_size: int, batches: int) ->
     data = CifarDataModule(data_dir=str(data_dir), verify_checksum=False, val_size=0, num_workers=workers)
     data.batch_size = batch_size
     data.setup("fit")
-    loader = iter(DataLoader(data.train_set, batch_size=batch_size, shuffle=True, num_workers=workers,
-                             collate_fn=data.train_dataloader().collate_fn))  # fmt: skip
+    loader = iter(
+        DataLoader(
+            data.train_set,
+            batch_size=batch_size,
+            shuffle=True,
+            num_workers=workers,
+            collate_fn=data.train_dataloader().collate_fn,
+        )
+    )
     for _ in range(batches):
         next(loader)
     del loader  # workers exit, so their peak is counted in RUSAGE_CHILDREN
@@ -168,9 +175,14 @@ def main() -> None:
         def theirs(workers: int, transform):
             dataset = ArchiveCIFAR10(str(scratch / "torchvision"), train=True, transform=transform)
             return lambda: DataLoader(
-                dataset, batch_size=args.batch_size, shuffle=True, drop_last=True, num_workers=workers,
-                persistent_workers=False, pin_memory=device.type == "cuda",
-            )  # fmt: skip
+                dataset,
+                batch_size=args.batch_size,
+                shuffle=True,
+                drop_last=True,
+                num_workers=workers,
+                persistent_workers=False,
+                pin_memory=device.type == "cuda",
+            )
 
         cases = {
             "ours_uint8_w0": (ours(ours_data, 0), delivered(ours_data, False)),

@@ -113,16 +113,35 @@ def train(arm: str, args: argparse.Namespace, seed: int, scratch: Path) -> tuple
     folders = [f"--train_dir={args.image_dir / 'train'}", f"--val_dir={args.image_dir / 'val'}"]
     if arm in ("script", "fastai"):
         python, script = (sys.executable, SCRIPT) if arm == "script" else (args.fastai_python, FASTAI_SCRIPT)
-        command = [str(python), str(script), *folders, f"--network={args.network}", f"--epochs={args.epochs}",
-                   f"--seed={seed}", *weights, *args.script_extra]  # fmt: skip
+        command = [
+            str(python),
+            str(script),
+            *folders,
+            f"--network={args.network}",
+            f"--epochs={args.epochs}",
+            f"--seed={seed}",
+            *weights,
+            *args.script_extra,
+        ]
     else:
         recipe = {"plain": PLAIN, "probe": ["--recipe=probe"]}.get(arm, [])
-        command = [sys.executable, str(PROJECT / "main.py"), "fit", "--config", str(IMAGES_CONFIG), *recipe,
-                   f"--model.backbone.name={args.network}",
-                   *[f"--model.backbone.{option.lstrip('-')}" for option in weights], *args.pipeline_extra,
-                   f"--data.image_dir={args.image_dir}", f"--data.cache_dir={scratch / 'packed'}",
-                   f"--trainer.max_epochs={args.epochs}", f"--seed_everything={seed}",
-                   f"--trainer.accelerator={args.device}", "--trainer.enable_progress_bar=false"]  # fmt: skip
+        command = [
+            sys.executable,
+            str(PROJECT / "main.py"),
+            "fit",
+            "--config",
+            str(IMAGES_CONFIG),
+            *recipe,
+            f"--model.backbone.name={args.network}",
+            *[f"--model.backbone.{option.lstrip('-')}" for option in weights],
+            *args.pipeline_extra,
+            f"--data.image_dir={args.image_dir}",
+            f"--data.cache_dir={scratch / 'packed'}",
+            f"--trainer.max_epochs={args.epochs}",
+            f"--seed_everything={seed}",
+            f"--trainer.accelerator={args.device}",
+            "--trainer.enable_progress_bar=false",
+        ]
     before = children_cpu_seconds()
     result = subprocess.run(command, cwd=root, capture_output=True, text=True)
     cpu_seconds = children_cpu_seconds() - before

@@ -31,11 +31,11 @@ import torch
 from .project import project_class
 
 CifarDataModule = project_class("data.CifarDataModule")
-from classifier_engine.machinery.cli import TrainerCLI
-from classifier_engine.machinery.export.evaluation import onnx_predictor
-from classifier_engine.machinery.export.model_loading import load_model
-from classifier_engine.machinery.export.onnx_export import export_onnx
-from classifier_engine.machinery.export.quantize import Calibration, quantize_int8
+from classifier_engine.cli.trainer_cli import TrainerCLI
+from classifier_engine.export.evaluation import onnx_predictor
+from classifier_engine.export.model_loading import load_model
+from classifier_engine.export.onnx_export import export_onnx
+from classifier_engine.export.quantize import Calibration, quantize_int8
 
 from .project import (
     DEFAULT_CONFIG,

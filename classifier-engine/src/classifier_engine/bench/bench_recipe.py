@@ -53,10 +53,10 @@ import lightning as L
 import numpy as np
 import torch
 
+from classifier_engine.cli.trainer_cli import TrainerCLI
 from classifier_engine.data.archive import prepare
 from classifier_engine.data.cifar_format import CIFAR10
 from classifier_engine.foundation.errors import OneLineArgumentParser, exit_with
-from classifier_engine.machinery.cli import TrainerCLI
 
 from .project import (
     DEFAULT_CONFIG,
@@ -158,7 +158,8 @@ def project_run(args: argparse.Namespace, seed: int, warmup: bool = False) -> di
     """One ``fit`` of the config, timed; ``warmup``: a short one that validates at its end (nothing kept)."""
     device = torch.device(args.device)
     options = [
-        "--config", str(args.config),
+        "--config",
+        str(args.config),
         f"--seed_everything={seed}",
         f"--data.data_dir={args.data_dir}",
         f"--trainer.accelerator={'gpu' if device.type == 'cuda' else device.type}",
@@ -171,7 +172,7 @@ def project_run(args: argparse.Namespace, seed: int, warmup: bool = False) -> di
         *([*QUICK, f"--model.backbone.init_args.width={QUICK_WIDTH}"] if args.quick else []),
         *([f"--trainer.max_steps={warmup_steps(args)}"] if warmup else []),
         *args.options,
-    ]  # fmt: skip
+    ]
     with tempfile.TemporaryDirectory() as folder, working_directory(Path(folder)), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cli = TrainerCLI(ImageClassifier, default_config=DEFAULT_CONFIG, run=False, args=options)

@@ -37,9 +37,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from classifier_engine.cli.trainer_cli import TrainerCLI
 from classifier_engine.data.augment import BatchAugment
 from classifier_engine.data.cifar_format import CIFAR10
-from classifier_engine.machinery.cli import TrainerCLI
 
 from .project import (
     PACKAGE,
@@ -119,11 +119,18 @@ def lightning_rate(args, recipe: Recipe, images, labels, steps: int) -> float:
     with tempfile.TemporaryDirectory() as logs, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = L.Trainer(
-            accelerator=args.device, devices=1, precision=args.precision, max_steps=args.warmup + steps,
-            logger=L.pytorch.loggers.TensorBoardLogger(logs), callbacks=[*callbacks, timer],
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0, limit_val_batches=0,
-        )  # fmt: skip
+            accelerator=args.device,
+            devices=1,
+            precision=args.precision,
+            max_steps=args.warmup + steps,
+            logger=L.pytorch.loggers.TensorBoardLogger(logs),
+            callbacks=[*callbacks, timer],
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+        )
         trainer.fit(model, datamodule=data)
     return timer.images_per_second(args.batch_size)
 
@@ -201,8 +208,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.overhead:
         if not FAST_RECIPE.is_file():
-            parser.exit(2, f"error: --overhead runs the fast recipe, {FAST_RECIPE.name}, which this project has not; "
-                        "run it in a CIFAR project, or leave --overhead out\n")  # fmt: skip
+            parser.exit(
+                2,
+                f"error: --overhead runs the fast recipe, {FAST_RECIPE.name}, which this project has not; "
+                "run it in a CIFAR project, or leave --overhead out\n",
+            )
         args.config = FAST_RECIPE
         args.width, args.batch_size, args.warmup, args.steps, args.rounds = 4, 8, 20, 400, 5
     if args.quick:

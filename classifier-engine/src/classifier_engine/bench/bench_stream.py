@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
 from classifier_engine.data import ImageFolderDataModule, StreamedImageDataModule
-from classifier_engine.machinery.noise import silence_known_noise
+from classifier_engine.foundation.noise import silence_known_noise
 
 from .bench_folder import rate, write_photos
 from .project import PROJECT_ROOT
@@ -57,17 +57,26 @@ def start_store() -> tuple[object, dict[str, str]]:
         "AWS_SECRET_ACCESS_KEY": "bench",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="bench", aws_secret_access_key="bench")  # fmt: skip
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    )
     client.create_bucket(Bucket="bench")
     return server, env
 
 
 def pack(photos: Path, size: int, output: str, env: dict[str, str]) -> None:
     command = [
-        sys.executable, str(PROJECT_ROOT / "pack.py"), f"--data.image_dir={photos}", f"--data.image_size={size}",
-        "--data.val_fraction=0.05", f"--output={output}",
-    ]  # fmt: skip
+        sys.executable,
+        str(PROJECT_ROOT / "pack.py"),
+        f"--data.image_dir={photos}",
+        f"--data.image_size={size}",
+        "--data.val_fraction=0.05",
+        f"--output={output}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env})
     if result.returncode != 0:
         raise SystemExit(result.stderr[-2000:])
@@ -123,16 +132,20 @@ def measure(args: argparse.Namespace, root: Path, photos: Path, size: int, env: 
         return batches
 
     memmap = ImageFolderDataModule(
-        image_dir=str(photos), image_size=size, cache_dir=str(root / "packed"), val_fraction=0.05, storage="memmap",
+        image_dir=str(photos),
+        image_size=size,
+        cache_dir=str(root / "packed"),
+        val_fraction=0.05,
+        storage="memmap",
         **common,
-    )  # fmt: skip
+    )
     memmap.prepare_data()
     memmap.setup("fit")
     memmap.seed = 0
     folder = datasets.ImageFolder(
-        str(photos), transform=transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size),
-                                                   transforms.PILToTensor()])
-    )  # fmt: skip
+        str(photos),
+        transform=transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size), transforms.PILToTensor()]),
+    )
 
     def imagefolder():
         loader = DataLoader(folder, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)

@@ -44,7 +44,7 @@ import torch
 
 from ..data.image_files import decode_image
 from ..data.preprocessing import Preprocessing
-from ..machinery.export.model_loading import load_model
+from ..export.model_loading import load_model
 from ..models.calibration import best_f1_thresholds, count_matched_thresholds
 from ..models.domain import find_head, keeping_threshold, knn_scores
 from ..models.network_parts import logits_and_features
@@ -77,8 +77,13 @@ def write_mosaics(sources: list[Path], folder: Path, count: int, seed: int) -> P
     """
     from PIL import Image
 
-    photos = sorted((path.parent.name, path) for source in sources for split in ("train", "val")
-                    for path in (source / split).rglob("*") if path.suffix.lower() in SUFFIXES)  # fmt: skip
+    photos = sorted(
+        (path.parent.name, path)
+        for source in sources
+        for split in ("train", "val")
+        for path in (source / split).rglob("*")
+        if path.suffix.lower() in SUFFIXES
+    )
     rng = np.random.default_rng(seed)
     (folder / "images").mkdir(parents=True, exist_ok=True)
     rows = ["path,labels"]
@@ -120,9 +125,20 @@ def fit(args: argparse.Namespace, data: Path, seed: int, root: Path, extra: list
     """``main.py fit`` of the photo config on ``data``; returns the run's last checkpoint."""
     root.mkdir(parents=True)
     weights = [f"--model.backbone.weights_path={args.weights_path}"] if args.weights_path else []
-    command = [sys.executable, str(PROJECT / "main.py"), "fit", "--config", str(IMAGES_CONFIG), *weights,
-               *args.extra, *extra, f"--data.image_dir={data}", f"--trainer.max_epochs={args.epochs}",
-               f"--seed_everything={seed}", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(PROJECT / "main.py"),
+        "fit",
+        "--config",
+        str(IMAGES_CONFIG),
+        *weights,
+        *args.extra,
+        *extra,
+        f"--data.image_dir={data}",
+        f"--trainer.max_epochs={args.epochs}",
+        f"--seed_everything={seed}",
+        "--trainer.enable_progress_bar=false",
+    ]
     result = subprocess.run(command, cwd=root, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"error: the fit on {data} (seed {seed}) failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -143,8 +159,10 @@ class Scored:
 
     def images(self, paths: list[Path]) -> torch.Tensor:
         record = self.record
-        decoded = [decode_image(path, record.image_size, record.resize, record.interpolation, record.crop_pct)
-                   for path in paths]  # fmt: skip
+        decoded = [
+            decode_image(path, record.image_size, record.resize, record.interpolation, record.crop_pct)
+            for path in paths
+        ]
         return torch.from_numpy(np.stack(decoded).transpose(0, 3, 1, 2).copy())
 
     def outputs(self, images: torch.Tensor, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,8 +181,9 @@ class Scored:
         """Mahalanobis and ViM need the training features with their classes, and the head's weights."""
         logits, features = self.outputs(train_images)
         features = features.double()
-        self.means = torch.stack([features[torch.from_numpy(train_labels == c)].mean(0)
-                                  for c in range(len(self.model.class_names))])  # fmt: skip
+        self.means = torch.stack(
+            [features[torch.from_numpy(train_labels == c)].mean(0) for c in range(len(self.model.class_names))]
+        )
         centred = features - self.means[torch.from_numpy(train_labels)]
         self.precision = torch.linalg.pinv(centred.T @ centred / len(features), hermitian=True)
         head = self.head
@@ -258,7 +277,7 @@ def one_label(args: argparse.Namespace, scratch: Path, far: Path) -> dict:
 
 def several_labels(args: argparse.Namespace, scratch: Path, far: Path) -> dict:
     """Mosaics of both sets' photos: the count-constrained thresholds against the F1-best ones, held out."""
-    from ..machinery.export.run_data import load_run_data  # the run's data, rebuilt from the checkpoint
+    from ..export.run_data import load_run_data  # the run's data, rebuilt from the checkpoint
 
     results: dict = {}
     csv_path = write_mosaics(args.sets, scratch / "mosaics", args.mosaic_count, seed=0)
@@ -295,11 +314,13 @@ def several_labels(args: argparse.Namespace, scratch: Path, far: Path) -> dict:
         row["far_unknown"] = float((far_scores < threshold).float().mean())
         row["test_in_domain"] = float((test_scores >= threshold).float().mean())
         row["far_auroc"] = auroc(test_scores.numpy(), far_scores.numpy())
-        print(f"| mosaics | {seed} | mAP {row['mAP']:.3f} | given {row['count_matched_given_per_image']:.2f} "
-              f"(F1-best {row['f1_best_given_per_image']:.2f}), true {row['true_per_image']:.2f} | micro-F1 "
-              f"{row['count_matched_micro_f1']:.3f} (F1-best {row['f1_best_micro_f1']:.3f}) | digits unknown "
-              f"{100 * row['far_unknown']:.1f} % | test kept {100 * row['test_in_domain']:.1f} % |",
-              flush=True)  # fmt: skip
+        print(
+            f"| mosaics | {seed} | mAP {row['mAP']:.3f} | given {row['count_matched_given_per_image']:.2f} "
+            f"(F1-best {row['f1_best_given_per_image']:.2f}), true {row['true_per_image']:.2f} | micro-F1 "
+            f"{row['count_matched_micro_f1']:.3f} (F1-best {row['f1_best_micro_f1']:.3f}) | digits unknown "
+            f"{100 * row['far_unknown']:.1f} % | test kept {100 * row['test_in_domain']:.1f} % |",
+            flush=True,
+        )
         results.setdefault("mosaics", []).append(row)
     return results
 
@@ -341,8 +362,12 @@ def main() -> None:
                 20,
                 40,
             )
-            args.extra = ["--model.backbone.name=resnet10t", "--model.backbone.pretrained=false",
-                          "--data.image_size=32", "--data.num_workers=0"]  # fmt: skip
+            args.extra = [
+                "--model.backbone.name=resnet10t",
+                "--model.backbone.pretrained=false",
+                "--data.image_size=32",
+                "--data.num_workers=0",
+            ]
         elif args.sets is None:
             parser.error("--sets is required (or --quick)")
         args.sets = [path.expanduser().resolve() for path in args.sets]

@@ -40,9 +40,15 @@ def main() -> None:
         shutil.copytree(args.train_dir, root / "train")
         shutil.copytree(args.val_dir, root / "valid")
         data = ImageDataLoaders.from_folder(
-            root, train="train", valid="valid", item_tfms=Resize(460), bs=args.batch_size, seed=args.seed,
-            batch_tfms=aug_transforms(size=args.image_size, min_scale=0.75), num_workers=args.workers,
-        )  # fmt: skip
+            root,
+            train="train",
+            valid="valid",
+            item_tfms=Resize(460),
+            bs=args.batch_size,
+            seed=args.seed,
+            batch_tfms=aug_transforms(size=args.image_size, min_scale=0.75),
+            num_workers=args.workers,
+        )
         options = {"pretrained_cfg_overlay": {"file": str(args.weights_path)}} if args.weights_path else {}
         learner = vision_learner(data, args.network, pretrained=bool(args.pretrained), metrics=accuracy, **options)
         learner.fine_tune(max(1, args.epochs - 1), freeze_epochs=1)

@@ -56,8 +56,9 @@ class Answers:
     domain_name: str = ""
 
     @classmethod
-    def of(cls, model: L.LightningModule, logits: np.ndarray, multilabel: bool, features: Tensor | None = None
-           ) -> Answers:  # fmt: skip
+    def of(
+        cls, model: L.LightningModule, logits: np.ndarray, multilabel: bool, features: Tensor | None = None
+    ) -> Answers:
         raw = torch.from_numpy(logits)
         plain = (raw.sigmoid() if multilabel else raw.softmax(dim=-1)).numpy()
         calibration = getattr(model, "calibration", None)
@@ -72,8 +73,11 @@ class Answers:
             threshold = float(calibration.domain_threshold)
             unlike = {}
             if domain is not None and math.isfinite(threshold):
-                unlike = {"domain_scores": domain.cpu().numpy(), "domain_threshold": threshold,
-                          "domain_name": calibration.reject_with}  # fmt: skip
+                unlike = {
+                    "domain_scores": domain.cpu().numpy(),
+                    "domain_threshold": threshold,
+                    "domain_name": calibration.reject_with,
+                }
             if multilabel:
                 return cls(plain, calibrated, temperature, True, calibration.thresholds.cpu().numpy(), **unlike)
             rejection = float(calibration.rejection)
@@ -82,8 +86,9 @@ class Answers:
             scores = calibration.scores(on_device, "msp").cpu().numpy()
         return cls(plain, calibrated, temperature, False, None, scores, rejection, "top probability", **unlike)
 
-    def sections(self, labels: np.ndarray, headline: dict, images: Any = None, paths: list[str] | None = None
-                 ) -> list[tuple[str, str]]:  # fmt: skip
+    def sections(
+        self, labels: np.ndarray, headline: dict, images: Any = None, paths: list[str] | None = None
+    ) -> list[tuple[str, str]]:
         """The calibration section, the coverage one (with a likely-mistake threshold) and the images least like
         the training ones (with a domain score); their figures join ``headline``."""
         added, body = calibration_section(self.plain, self.calibrated, labels, self.temperature, self.multilabel)
@@ -139,9 +144,14 @@ class EvaluationReport(L.Callback):
 
     @override
     def on_test_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.logits.append(outputs.float().cpu().numpy())
         self.labels.append(batch[1].cpu().numpy())
 
@@ -165,17 +175,27 @@ class EvaluationReport(L.Callback):
             "checkpoint": str(trainer.ckpt_path or "the model as it is"),
         }
         report = self._multilabel_report if labels.ndim == 2 else self._single_label_report
-        page, table, gallery = report(trainer, pl_module, folder, answers, labels, class_names, held_out, paths,
-                                      source, why_no_images)  # fmt: skip
+        page, table, gallery = report(
+            trainer, pl_module, folder, answers, labels, class_names, held_out, paths, source, why_no_images
+        )
         with Partial(folder / "report.html") as path:
             path.write_text(page, encoding="utf-8")
         self.path = folder / "report.html"
         self._to_tensorboard(trainer, table, gallery)  # main.py's closing lines name the report
 
-    def _single_label_report(self, trainer: L.Trainer, pl_module: L.LightningModule, folder: Path,
-                             answers: Answers, labels: np.ndarray, class_names: list[str],
-                             held_out: HeldOutImages | None, paths: list[str], source: dict[str, str],
-                             why_no_images: str) -> tuple[str, list[str], list]:  # fmt: skip
+    def _single_label_report(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        folder: Path,
+        answers: Answers,
+        labels: np.ndarray,
+        class_names: list[str],
+        held_out: HeldOutImages | None,
+        paths: list[str],
+        source: dict[str, str],
+        why_no_images: str,
+    ) -> tuple[str, list[str], list]:
         """The page, the per-class table for TensorBoard (markdown rows) and the gallery of one-label answers."""
         probabilities = answers.calibrated
         predicted = probabilities.argmax(axis=1)
@@ -196,17 +216,40 @@ class EvaluationReport(L.Callback):
             headline["balanced accuracy"] = f"{100 * np.mean([c.recall for c in classes]):.2f} %"
             headline["macro-F1"] = f"{100 * np.mean([c.f1 for c in classes]):.2f} %"
         extra = answers.sections(labels, headline, held_out.images if held_out is not None else None, paths)
-        page = report_page(headline | source, classes, confusion, class_names, shown, labels, predicted,
-                           probabilities, paths, gallery, why_no_images or why_no_overlays, extra)  # fmt: skip
+        page = report_page(
+            headline | source,
+            classes,
+            confusion,
+            class_names,
+            shown,
+            labels,
+            predicted,
+            probabilities,
+            paths,
+            gallery,
+            why_no_images or why_no_overlays,
+            extra,
+        )
         table = ["| class | precision | recall | F1 | support | most confused with |", "|---|---|---|---|---|---|"]
-        table += [f"| {c.name} | {c.precision:.3f} | {c.recall:.3f} | {c.f1:.3f} | {c.support} | {c.confused_with} |"
-                  for c in classes]  # fmt: skip
+        table += [
+            f"| {c.name} | {c.precision:.3f} | {c.recall:.3f} | {c.f1:.3f} | {c.support} | {c.confused_with} |"
+            for c in classes
+        ]
         return page, table, gallery
 
-    def _multilabel_report(self, trainer: L.Trainer, pl_module: L.LightningModule, folder: Path, answers: Answers,
-                           labels: np.ndarray, class_names: list[str], held_out: HeldOutImages | None,
-                           paths: list[str], source: dict[str, str],
-                           why_no_images: str) -> tuple[str, list[str], list]:  # fmt: skip
+    def _multilabel_report(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        folder: Path,
+        answers: Answers,
+        labels: np.ndarray,
+        class_names: list[str],
+        held_out: HeldOutImages | None,
+        paths: list[str],
+        source: dict[str, str],
+        why_no_images: str,
+    ) -> tuple[str, list[str], list]:
         """The same for several labels per image: AP and each class's threshold, the most confident wrong labels."""
         probabilities, thresholds = answers.calibrated, answers.thresholds
         figures = label_figures(probabilities, labels, thresholds, class_names)
@@ -219,11 +262,24 @@ class EvaluationReport(L.Callback):
             write_label_figures(path, figures)
         with Partial(folder / "mistakes.csv") as path:
             write_wrong_labels(path, wrong, labels, thresholds, class_names, paths)
-        page = label_page(headline | source, figures, extra, wrong, gallery, labels, thresholds, class_names, paths,
-                          why_no_images or why_no_overlays)  # fmt: skip
+        page = label_page(
+            headline | source,
+            figures,
+            extra,
+            wrong,
+            gallery,
+            labels,
+            thresholds,
+            class_names,
+            paths,
+            why_no_images or why_no_overlays,
+        )
         table = ["| class | AP | precision | recall | F1 | threshold | support |", "|---|---|---|---|---|---|---|"]
-        table += [f"| {r.name} | {r.average_precision:.3f} | {r.precision:.3f} | {r.recall:.3f} | {r.f1:.3f} | "
-                  f"{r.threshold:.3f} | {r.support} |" for r in figures]  # fmt: skip
+        table += [
+            f"| {r.name} | {r.average_precision:.3f} | {r.precision:.3f} | {r.recall:.3f} | {r.f1:.3f} | "
+            f"{r.threshold:.3f} | {r.support} |"
+            for r in figures
+        ]
         return page, table, gallery
 
     def _gathered(self, trainer: L.Trainer) -> tuple[np.ndarray, np.ndarray]:
@@ -307,8 +363,17 @@ def write_per_class(path: Path, classes: list[ClassFigures]) -> None:
         writer = csv.writer(handle)
         writer.writerow(["class", "precision", "recall", "f1", "support", "most_confused_with", "confused_share"])
         for c in classes:
-            writer.writerow([c.name, f"{c.precision:.4f}", f"{c.recall:.4f}", f"{c.f1:.4f}", c.support,
-                             c.confused_with, f"{c.confused_share:.4f}"])  # fmt: skip
+            writer.writerow(
+                [
+                    c.name,
+                    f"{c.precision:.4f}",
+                    f"{c.recall:.4f}",
+                    f"{c.f1:.4f}",
+                    c.support,
+                    c.confused_with,
+                    f"{c.confused_share:.4f}",
+                ]
+            )
 
 
 def write_mistakes(path: Path, shown, labels, predicted, probabilities, class_names, paths) -> None:
@@ -316,24 +381,44 @@ def write_mistakes(path: Path, shown, labels, predicted, probabilities, class_na
         writer = csv.writer(handle)
         writer.writerow(["rank", "image", "true", "predicted", "p_predicted", "p_true"])
         for rank, index in enumerate(shown, start=1):
-            writer.writerow([rank, paths[index], class_names[labels[index]], class_names[predicted[index]],
-                             f"{probabilities[index, predicted[index]]:.4f}",
-                             f"{probabilities[index, labels[index]]:.4f}"])  # fmt: skip
+            writer.writerow(
+                [
+                    rank,
+                    paths[index],
+                    class_names[labels[index]],
+                    class_names[predicted[index]],
+                    f"{probabilities[index, predicted[index]]:.4f}",
+                    f"{probabilities[index, labels[index]]:.4f}",
+                ]
+            )
 
 
-def report_page(headline, classes, confusion, class_names, shown, labels, predicted, probabilities, paths, gallery,
-                note, extra=()) -> str:  # fmt: skip
+def report_page(
+    headline, classes, confusion, class_names, shown, labels, predicted, probabilities, paths, gallery, note, extra=()
+) -> str:
     """The report as one HTML document (``extra``: sections after the confusion matrix)."""
     sections = [("Summary", html_page.table(None, list(headline.items()), text_columns=2))]
     worst_first = sorted(classes, key=lambda c: (c.f1, c.name))
-    sections.append((
-        "Per class (worst F1 first)",
-        html_page.table(
-            ["class", "precision", "recall", "F1", "support", "most confused with", "share"],
-            [(c.name, f"{c.precision:.3f}", f"{c.recall:.3f}", f"{c.f1:.3f}", c.support, c.confused_with or "-",
-              f"{100 * c.confused_share:.1f} %") for c in worst_first],
-        ),
-    ))  # fmt: skip
+    sections.append(
+        (
+            "Per class (worst F1 first)",
+            html_page.table(
+                ["class", "precision", "recall", "F1", "support", "most confused with", "share"],
+                [
+                    (
+                        c.name,
+                        f"{c.precision:.3f}",
+                        f"{c.recall:.3f}",
+                        f"{c.f1:.3f}",
+                        c.support,
+                        c.confused_with or "-",
+                        f"{100 * c.confused_share:.1f} %",
+                    )
+                    for c in worst_first
+                ],
+            ),
+        )
+    )
     if len(class_names) <= SHOWN_CONFUSION_CLASSES:
         share = confusion / np.maximum(confusion.sum(axis=1, keepdims=True), 1)
         rows = [(str(name), *confusion[k].tolist()) for k, name in enumerate(class_names)]
@@ -347,18 +432,27 @@ def report_page(headline, classes, confusion, class_names, shown, labels, predic
         pictures = [html_page.image(seen, "as the network saw it")]
         if overlay is not None:
             pictures.append(html_page.image(overlay, "where it looked"))
-        figures.append(html_page.figure(pictures, [
-            f"true: {class_names[labels[index]]} (p = {probabilities[index, labels[index]]:.3f})",
-            f"predicted: {class_names[predicted[index]]} (p = {probabilities[index, predicted[index]]:.3f})",
-            paths[index],
-        ]))  # fmt: skip
+        figures.append(
+            html_page.figure(
+                pictures,
+                [
+                    f"true: {class_names[labels[index]]} (p = {probabilities[index, labels[index]]:.3f})",
+                    f"predicted: {class_names[predicted[index]]} (p = {probabilities[index, predicted[index]]:.3f})",
+                    paths[index],
+                ],
+            )
+        )
     body = f'<div class="gallery">{"".join(figures)}</div>' if figures else ""
     if not len(shown):
         body = html_page.paragraph("No mistakes.")
     elif not figures:
-        body = html_page.table(["image", "true", "predicted", "p"], [
-            (paths[i], class_names[labels[i]], class_names[predicted[i]], f"{probabilities[i, predicted[i]]:.3f}")
-            for i in shown])  # fmt: skip
+        body = html_page.table(
+            ["image", "true", "predicted", "p"],
+            [
+                (paths[i], class_names[labels[i]], class_names[predicted[i]], f"{probabilities[i, predicted[i]]:.3f}")
+                for i in shown
+            ],
+        )
     if note:
         body = html_page.paragraph(note, note=True) + body
     title = f"The {len(shown)} most confident mistakes (left: the image as seen; right: where it looked)"

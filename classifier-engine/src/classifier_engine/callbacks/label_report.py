@@ -40,8 +40,14 @@ def reliability_chart(confidence: np.ndarray, correct: np.ndarray, title: str, e
     counts = np.array([count for _, _, count in rows], dtype=float)
     centres = (np.arange(len(rows)) + 0.5) / len(rows)
     shade = 0.25 + 0.75 * counts / max(counts.max(), 1)
-    axes.bar(centres, [accuracy for _, accuracy, _ in rows], width=1 / len(rows), edgecolor="#1f4e79",
-             color=[(0.12, 0.31, 0.47, alpha) for alpha in shade], label="accuracy in the bin")  # fmt: skip
+    axes.bar(
+        centres,
+        [accuracy for _, accuracy, _ in rows],
+        width=1 / len(rows),
+        edgecolor="#1f4e79",
+        color=[(0.12, 0.31, 0.47, alpha) for alpha in shade],
+        label="accuracy in the bin",
+    )
     axes.plot([0, 1], [0, 1], color="#c0392b", linestyle="--", linewidth=1, label="perfectly calibrated")
     axes.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=f"{title} (ECE {ece:.3f})")
     axes.legend(loc="upper left", fontsize=7)
@@ -97,8 +103,12 @@ def coverage_section(
     figure, axes = plt.subplots(figsize=CHART_INCHES, dpi=DPI)
     axes.plot(coverage, accuracy, color="#1f4e79", linewidth=1.5)
     axes.axvline(share, color="#c0392b", linestyle="--", linewidth=1, label=f"threshold: {100 * share:.1f} % answered")
-    axes.set(xlim=(0, 1), xlabel="coverage (share of images answered)", ylabel="accuracy of the answers",
-             title="Accuracy against coverage")  # fmt: skip
+    axes.set(
+        xlim=(0, 1),
+        xlabel="coverage (share of images answered)",
+        ylabel="accuracy of the answers",
+        title="Accuracy against coverage",
+    )
     axes.legend(loc="lower left", fontsize=7)
     chart = html_page.image(_pixels(figure), "accuracy against coverage")
     headline = {"not a likely mistake": f"{100 * share:.2f} % of the images, {100 * kept:.2f} % of them right"}
@@ -121,8 +131,12 @@ def unusual_section(
     figure, axes = plt.subplots(figsize=CHART_INCHES, dpi=DPI)
     axes.plot(ordered, 1 - np.arange(len(ordered)) / max(len(ordered), 1), color="#1f4e79", linewidth=1.5)
     axes.axvline(threshold, color="#c0392b", linestyle="--", linewidth=1, label=f"threshold: {100 * share:.1f} % kept")
-    axes.set(ylim=(0, 1.02), xlabel=f"{score_name} score (higher: more like the training images)",
-             ylabel="share of test images at or above", title="Test images against the threshold")  # fmt: skip
+    axes.set(
+        ylim=(0, 1.02),
+        xlabel=f"{score_name} score (higher: more like the training images)",
+        ylabel="share of test images at or above",
+        title="Test images against the threshold",
+    )
     axes.legend(loc="lower left", fontsize=7)
     chart = html_page.image(_pixels(figure), "share of test images against the score")
     text = (
@@ -190,14 +204,18 @@ def wrong_labels(probabilities: np.ndarray, labels: np.ndarray, thresholds: np.n
     """
     given, present = probabilities >= thresholds[None, :], labels.astype(bool)
     wrong = np.argwhere(given != present)
-    confidence = np.where(given[wrong[:, 0], wrong[:, 1]], probabilities[wrong[:, 0], wrong[:, 1]],
-                          1 - probabilities[wrong[:, 0], wrong[:, 1]])  # fmt: skip
+    confidence = np.where(
+        given[wrong[:, 0], wrong[:, 1]],
+        probabilities[wrong[:, 0], wrong[:, 1]],
+        1 - probabilities[wrong[:, 0], wrong[:, 1]],
+    )
     order = np.argsort(-confidence, kind="stable")[:count]
     return [(int(i), int(k), "given" if given[i, k] else "missed", float(probabilities[i, k])) for i, k in wrong[order]]
 
 
-def multilabel_summary(figures: list[LabelFigures], probabilities: np.ndarray, labels: np.ndarray,
-                       thresholds: np.ndarray) -> dict[str, str]:  # fmt: skip
+def multilabel_summary(
+    figures: list[LabelFigures], probabilities: np.ndarray, labels: np.ndarray, thresholds: np.ndarray
+) -> dict[str, str]:
     """mAP over the classes with images, and micro/macro F1 with each class at its threshold."""
     given, present = probabilities >= thresholds[None, :], labels.astype(bool)
     hits, claimed, support = (given & present).sum(), given.sum(), present.sum()
@@ -214,22 +232,44 @@ def label_table(figures: list[LabelFigures]) -> str:
     worst_first = sorted(figures, key=lambda row: (np.nan_to_num(row.average_precision, nan=-1), row.name))
     return html_page.table(
         ["class", "AP", "precision", "recall", "F1", "threshold", "images with it"],
-        [(row.name, "-" if np.isnan(row.average_precision) else f"{row.average_precision:.3f}",
-          f"{row.precision:.3f}", f"{row.recall:.3f}", f"{row.f1:.3f}", f"{row.threshold:.3f}", row.support)
-         for row in worst_first],
-    )  # fmt: skip
+        [
+            (
+                row.name,
+                "-" if np.isnan(row.average_precision) else f"{row.average_precision:.3f}",
+                f"{row.precision:.3f}",
+                f"{row.recall:.3f}",
+                f"{row.f1:.3f}",
+                f"{row.threshold:.3f}",
+                row.support,
+            )
+            for row in worst_first
+        ],
+    )
 
 
 def write_label_figures(path: Path, figures: list[LabelFigures]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["class", "average_precision", "precision", "recall", "f1", "threshold", "support"])
-        writer.writerows([[r.name, f"{r.average_precision:.4f}", f"{r.precision:.4f}", f"{r.recall:.4f}",
-                           f"{r.f1:.4f}", f"{r.threshold:.4f}", r.support] for r in figures])  # fmt: skip
+        writer.writerows(
+            [
+                [
+                    r.name,
+                    f"{r.average_precision:.4f}",
+                    f"{r.precision:.4f}",
+                    f"{r.recall:.4f}",
+                    f"{r.f1:.4f}",
+                    f"{r.threshold:.4f}",
+                    r.support,
+                ]
+                for r in figures
+            ]
+        )
 
 
-def write_wrong_labels(path: Path, wrong: list[tuple], labels: np.ndarray, thresholds: np.ndarray,
-                       class_names: list[str], paths: list[str]) -> None:  # fmt: skip
+def write_wrong_labels(
+    path: Path, wrong: list[tuple], labels: np.ndarray, thresholds: np.ndarray, class_names: list[str], paths: list[str]
+) -> None:
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["rank", "image", "label", "wrong", "p", "threshold", "true_labels"])
@@ -238,9 +278,18 @@ def write_wrong_labels(path: Path, wrong: list[tuple], labels: np.ndarray, thres
             writer.writerow([rank, paths[image], class_names[k], kind, f"{p:.4f}", f"{thresholds[k]:.4f}", true])
 
 
-def label_page(headline: dict, figures: list[LabelFigures], extra: list[tuple[str, str]], wrong: list[tuple],
-               gallery: list, labels: np.ndarray, thresholds: np.ndarray, class_names: list[str], paths: list[str],
-               note: str) -> str:  # fmt: skip
+def label_page(
+    headline: dict,
+    figures: list[LabelFigures],
+    extra: list[tuple[str, str]],
+    wrong: list[tuple],
+    gallery: list,
+    labels: np.ndarray,
+    thresholds: np.ndarray,
+    class_names: list[str],
+    paths: list[str],
+    note: str,
+) -> str:
     """The multi-label report as one HTML document (``extra``: the calibration section, after the table)."""
     pictures = []
     for (seen, overlay), (image, k, kind, p) in zip(gallery, wrong, strict=False):
@@ -248,9 +297,16 @@ def label_page(headline: dict, figures: list[LabelFigures], extra: list[tuple[st
         if overlay is not None:
             shown.append(html_page.image(overlay, f"where it looked for {class_names[k]}"))
         true = " ".join(class_names[j] for j in np.flatnonzero(labels[image])) or "(none)"
-        pictures.append(html_page.figure(shown, [
-            f"{kind}: {class_names[k]} (p = {p:.3f}, threshold {thresholds[k]:.3f})", f"true: {true}", paths[image],
-        ]))  # fmt: skip
+        pictures.append(
+            html_page.figure(
+                shown,
+                [
+                    f"{kind}: {class_names[k]} (p = {p:.3f}, threshold {thresholds[k]:.3f})",
+                    f"true: {true}",
+                    paths[image],
+                ],
+            )
+        )
     body = f'<div class="gallery">{"".join(pictures)}</div>' if pictures else html_page.paragraph("No wrong labels.")
     if wrong and not pictures:
         rows = [(paths[i], class_names[k], kind, f"{p:.3f}", f"{thresholds[k]:.3f}") for i, k, kind, p in wrong]
@@ -259,9 +315,11 @@ def label_page(headline: dict, figures: list[LabelFigures], extra: list[tuple[st
         body = html_page.paragraph(note, note=True) + body
     sections = [
         ("Summary", html_page.table(None, list(headline.items()), text_columns=2)),
-        ("Per class (worst AP first; precision, recall and F1 with the label given at its threshold)",
-         label_table(figures)),
+        (
+            "Per class (worst AP first; precision, recall and F1 with the label given at its threshold)",
+            label_table(figures),
+        ),
         *extra,
         (f"The {len(wrong)} most confident wrong labels (given to an image without it, or missed)", body),
-    ]  # fmt: skip
+    ]
     return html_page.page("Evaluation report", sections)

@@ -14,17 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
+import numpy as np
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 from typing_extensions import override
 
 from ..data.interfaces import PredictionNames
 from ..foundation.files import Partial
-
-UNKNOWN = "unknown"
-UNLIKE_TRAINING = "unlike the training images"  # the domain score is below its threshold
-UNSURE = "likely a mistake"  # the top probability is below the threshold that keeps most correct answers
+from ..models.answers import answers
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -91,28 +88,23 @@ class PredictionWriter(BasePredictionWriter):
             first = ["labels", "probabilities"] if multilabel else ["predicted", "probability"]
             self._writer.writerow(["image", *first, "unknown_because", "score", f"top{self.top_k}"])
             self._header_written = True
-        probabilities, classes = all_p.topk(min(self.top_k, all_p.shape[-1]), dim=-1)
         indices = batch_indices if batch_indices is not None else range(len(all_p))
-        given = answer["labels"].tolist() if multilabel else answer.get("answered", [True] * len(all_p))
-        inside = answer.get("in_domain", torch.ones(len(all_p), dtype=torch.bool)).tolist()
-        scores = answer["score"].tolist() if "score" in answer else [None] * len(all_p)
+
+        def array(key: str) -> np.ndarray | None:
+            return answer[key].cpu().numpy() if key in answer else None
+
+        rows = answers(
+            all_p.cpu().numpy(),
+            class_names,
+            array("in_domain"),
+            array("answered"),
+            array("labels"),
+            array("score"),
+            self.top_k,
+        )  # the server's answers are made by the same function
         try:
-            for row, (index, top_p, top_c) in enumerate(
-                zip(indices, probabilities.tolist(), classes.tolist(), strict=True)
-            ):
-                top = " ".join(f"{class_names[c]}:{p:.4f}" for c, p in zip(top_c, top_p, strict=True))
-                score = "" if scores[row] is None else f"{scores[row]:.6g}"
-                because = "" if inside[row] else UNLIKE_TRAINING
-                if multilabel:
-                    present = [k for k, flag in enumerate(given[row]) if flag]
-                    present.sort(key=lambda k: -float(all_p[row, k]))
-                    labels = " ".join(class_names[k] for k in present) if inside[row] else UNKNOWN
-                    shares = " ".join(f"{float(all_p[row, k]):.4f}" for k in present)
-                    self._writer.writerow([name(index), labels, shares, because, score, top])
-                else:
-                    because = because or ("" if bool(given[row]) else UNSURE)
-                    predicted = class_names[top_c[0]] if bool(given[row]) else UNKNOWN
-                    self._writer.writerow([name(index), predicted, f"{top_p[0]:.4f}", because, score, top])
+            for index, row in zip(indices, rows, strict=True):
+                self._writer.writerow([name(index), *row.cells()])
         except OSError as error:  # a full disk: say so, and leave no partial file
             with contextlib.suppress(OSError):  # the buffered rows cannot be written either
                 self._close()

@@ -18,8 +18,8 @@ from pathlib import Path
 import lightning as L
 
 from ..foundation.errors import OneLineArgumentParser, UsageError, exit_with
-from ..machinery.console_log import CONSOLE
-from ..machinery.noise import silence_known_noise
+from ..foundation.noise import silence_known_noise
+from ..runs.console_log import CONSOLE
 
 EXTRA = "labels"  # the optional dependencies this command needs: pip install -e ".[labels]"
 
@@ -46,18 +46,19 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
             ) from None
         if options.folds < 2:
             raise UsageError(f"--folds must be at least 2, got {options.folds}")
-        from ..machinery import label_check
+        from ..cross_validation import folds as fold_runner
+        from ..cross_validation import label_check
 
-        label_check.refuse_fold_settings("check_labels.py", fit_options, "leave them out")
+        fold_runner.refuse_fold_settings("check_labels.py", fit_options, "leave them out")
 
         folds = []
         for fold in range(options.folds):
             print(f"Fold {fold + 1} of {options.folds}", flush=True)
-            folds.append(label_check.run_fold(fit_options, options.folds, fold, model_class, default_config))
+            folds.append(fold_runner.run_fold(fit_options, options.folds, fold, model_class, default_config))
         issues = label_check.find_issues(folds)
         class_names = folds[0].class_names
         root = folds[0].image_root
-        output = options.output or label_check.default_output(folds)
+        output = options.output or fold_runner.default_output(folds)
         gallery = output.with_suffix(".html")
         output.parent.mkdir(parents=True, exist_ok=True)
         label_check.write_issues(issues, class_names, output, root)

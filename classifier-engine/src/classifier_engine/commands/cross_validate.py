@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 
+from ..cli.launch import launched_as_rank_zero
 from ..foundation.errors import OneLineArgumentParser, UsageError, exit_with
-from ..machinery.console_log import CONSOLE
-from ..machinery.launch import launched_as_rank_zero
-from ..machinery.noise import silence_known_noise
+from ..foundation.noise import silence_known_noise
+from ..runs.console_log import CONSOLE
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -46,18 +46,27 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     add("--fold", type=int, help="train this fold alone (counted from 0) and write no summary: folds side by side")
     add("--output", type=Path, help="the folder of the summary, the report and the answers (default: beside the runs)")
     add("--gallery", type=int, default=48, help="how many wrong answers the report shows")
-    add("--final", choices=("all", "ensemble", "none"), default="all",
+    add(
+        "--final",
+        choices=("all", "ensemble", "none"),
+        default="all",
         help="all: then train a final model on every image for the folds' mean best epoch count, calibrated on "
-             "their out-of-fold answers, and export it; ensemble: export the fold models as one graph (their mean "
-             "calibrated probabilities; k passes per image); none: the folds' figures only")  # fmt: skip
+        "their out-of-fold answers, and export it; ensemble: export the fold models as one graph (their mean "
+        "calibrated probabilities; k passes per image); none: the folds' figures only",
+    )
     add(
         "--ckpt_path",
         choices=("last",),
         default="last",
         help="each fold (and the final model) continues its own run where it stopped: last is the one choice",
     )
-    add("--compare", nargs=2, type=Path, metavar=("A", "B"),
-        help="two configs trained on the same folds: is B better than A? (paired per-fold differences)")  # fmt: skip
+    add(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("A", "B"),
+        help="two configs trained on the same folds: is B better than A? (paired per-fold differences)",
+    )
     return parser.parse_known_args(argv)
 
 
@@ -74,7 +83,7 @@ def checked(options: argparse.Namespace, fit_options: list[str]) -> list[str]:
         raise UsageError(
             f"--fold must be between 0 and {options.folds - 1} (--folds {options.folds}), got {options.fold}"
         )
-    from ..machinery.label_check import refuse_fold_settings
+    from ..cross_validation.folds import refuse_fold_settings
 
     refuse_fold_settings("cross_validate.py", fit_options, "use --folds and --fold")
     return fit_options
@@ -83,31 +92,36 @@ def checked(options: argparse.Namespace, fit_options: list[str]) -> list[str]:
 # What the report says of the model to ship until it is made (each --final choice).
 NEXT = {
     "all": "The final model (every image, the folds' mean best epoch count) is trained next; this page names it "
-           "once it is exported.",
+    "once it is exported.",
     "ensemble": "The fold ensemble is exported next; this page names it once it is.",
     "none": "None made (--final none): --final all trains one on every image, --final ensemble exports the fold "
-            "models as one.",
-}  # fmt: skip
+    "models as one.",
+}
 
 
 def cross_validation(
-    options: argparse.Namespace, fit_options: list[str], model_class: type[L.LightningModule], default_config: Path,
+    options: argparse.Namespace,
+    fit_options: list[str],
+    model_class: type[L.LightningModule],
+    default_config: Path,
     output: Path | None,
-) -> tuple[dict, Path, list] | None:  # fmt: skip
+) -> tuple[dict, Path, list] | None:
     """Every fold trained (or continued, or reused), then the summary's files: (summary, its folder, the folds'
     answers); None with ``--fold``."""
-    from ..machinery import cross_validation as cv
-    from ..machinery import label_check
-    from ..machinery.cross_validation_report import write_report
+    from ..cross_validation import fold_figures as cv
+    from ..cross_validation import folds as fold_runner
+    from ..cross_validation.report import write_report
 
     chosen = range(options.folds) if options.fold is None else [options.fold]
     folds = []
     for fold in chosen:
         print(f"Fold {fold + 1} of {options.folds}", flush=True)
-        folds.append(label_check.run_fold(fit_options, options.folds, fold, model_class, default_config))
+        folds.append(fold_runner.run_fold(fit_options, options.folds, fold, model_class, default_config))
     if options.fold is not None:
-        print(f"Fold {options.fold} is trained: {folds[0].run_dir}. Once every fold is, the same command without "
-              "--fold writes the summary (and trains any fold left).")  # fmt: skip
+        print(
+            f"Fold {options.fold} is trained: {folds[0].run_dir}. Once every fold is, the same command without "
+            "--fold writes the summary (and trains any fold left)."
+        )
         return None
     summary = cv.spreads([cv.fold_figures(fold) for fold in folds])
     output = output or folds[0].run_dir.parent / f"cv-{folds[0].run_dir.name}"
@@ -121,19 +135,26 @@ def cross_validation(
     )
     cv.write_tensorboard(summary, output / "tensorboard")
     print(cv.console_table(summary))
-    print(f"Cross-validation: {output / 'cv_summary.csv'}, {output / 'cv_report.html'} and "
-          f"{output / 'oof_predictions.csv'}", flush=True)  # fmt: skip
+    print(
+        f"Cross-validation: {output / 'cv_summary.csv'}, {output / 'cv_report.html'} and "
+        f"{output / 'oof_predictions.csv'}",
+        flush=True,
+    )
     return summary, output, folds
 
 
 def final_model(
-    options: argparse.Namespace, fit_options: list[str], model_class: type[L.LightningModule], default_config: Path,
-    folds: list, summary: dict,
-) -> list[tuple[str, str]] | None:  # fmt: skip
-    """``--final all``: train on every image, calibrate on the folds' answers, export (machinery/final_model.py);
+    options: argparse.Namespace,
+    fit_options: list[str],
+    model_class: type[L.LightningModule],
+    default_config: Path,
+    folds: list,
+    summary: dict,
+) -> list[tuple[str, str]] | None:
+    """``--final all``: train on every image, calibrate on the folds' answers, export (cross_validation/final_model.py);
     what the report names (None on the ranks but the first)."""
+    from ..cross_validation import final_model as final
     from ..foundation.files import sha256
-    from ..machinery import final_model as final
 
     task = "multilabel" if folds[0].thresholds is not None else "multiclass"
     epochs = final.final_epochs(folds, task)
@@ -153,8 +174,10 @@ def final_model(
     exported_to = checkpoint.parent / "export"
     if not final.exported_from(exported_to, "checkpoint_sha256", sha256(checkpoint)):
         export_final(checkpoint, model_class, default_config, fit_options)
-    print(f"Final model: {checkpoint} (calibrated on the folds' out-of-fold answers), exported to {exported_to}",
-          flush=True)  # fmt: skip
+    print(
+        f"Final model: {checkpoint} (calibrated on the folds' out-of-fold answers), exported to {exported_to}",
+        flush=True,
+    )
     return [
         ("final model", str(checkpoint)),
         ("trained on", f"every image of the {options.folds} folds, {trained_how}"),
@@ -168,22 +191,25 @@ def export_final(
     model_class: type[L.LightningModule],
     default_config: Path,
     fit_options: list[str],
-    export_options: tuple[str, ...] = (),
+    **settings: Any,
 ) -> None:
     """Export the final model in export's default formats (with no test split, int8 is left out: nothing is held
     out to judge it on). Where int8 loses more than export's limit, the model ships in fp32 (ONNX, .pt2) and one
-    line says so: the command's product is a model to ship, and int8 can be tried again with export.py."""
-    from ..machinery.export.artifacts import export_artifacts
-    from .export import parse_args as export_args
+    line says so: the command's product is a model to ship, and int8 can be tried again with export.py.
+    ``settings``: other ``ExportOptions`` than export's defaults."""
+    from ..export.artifacts import ExportOptions, export_artifacts
     from .export import report
 
-    options = replace(export_args(["--ckpt_path", str(checkpoint), *export_options]), int8_optional=True)
+    options = ExportOptions(ckpt_path=checkpoint, int8_optional=True, **settings)
     exported = export_artifacts(options, model_class, default_config, tuple(fit_options))
     if exported.int8_left_out is not None:
         error = exported.int8_left_out
-        print(f"Final model: int8 left out: it loses {error.drop:.2f} points against fp32 on the test split (limit "
-              f"{error.limit}); shipping ONNX and .pt2. To try int8 again: python export.py --ckpt_path {checkpoint} "
-              "--calibration_method percentile", flush=True)  # fmt: skip
+        print(
+            f"Final model: int8 left out: it loses {error.drop:.2f} points against fp32 on the test split (limit "
+            f"{error.limit}); shipping ONNX and .pt2. To try int8 again: python export.py --ckpt_path {checkpoint} "
+            "--calibration_method percentile",
+            flush=True,
+        )
     report(exported.card, exported.written)
 
 
@@ -195,14 +221,13 @@ def ensemble_model(
     summary: dict,
     output: Path,
 ) -> list[tuple[str, str]]:
-    """``--final ensemble``: the fold models as one exported graph (machinery/fold_ensemble.py), in ``output``;
+    """``--final ensemble``: the fold models as one exported graph (cross_validation/fold_ensemble.py), in ``output``;
     what the report names."""
-    from ..machinery import fold_ensemble as ensembles
-    from ..machinery.export.artifacts import check_options, export_model
-    from ..machinery.export.model_loading import load_model
-    from ..machinery.export.run_data import load_run_data
-    from ..machinery.final_model import exported_from, figures_record
-    from .export import parse_args as export_args
+    from ..cross_validation import fold_ensemble as ensembles
+    from ..cross_validation.final_model import exported_from, figures_record
+    from ..export.artifacts import ExportOptions, check_options, export_model
+    from ..export.model_loading import load_model
+    from ..export.run_data import load_run_data
     from .export import report
 
     checkpoints = [fold.run_dir / "checkpoints" / "last.ckpt" for fold in folds]
@@ -210,14 +235,21 @@ def ensemble_model(
     if not exported_from(output, "ensemble_of", sources):
         loaded = [load_model(path, model_class, default_config, fit_options) for path in checkpoints]
         ensemble = ensembles.FoldEnsemble([member.model for member in loaded])
-        checkpoint = ensembles.ensemble_checkpoint(loaded[0].checkpoint, ensemble,
-                                                   figures_record(summary, len(folds), None), sources)  # fmt: skip
+        checkpoint = ensembles.ensemble_checkpoint(
+            loaded[0].checkpoint, ensemble, figures_record(summary, len(folds), None), sources
+        )
         data = load_run_data(loaded[0], checkpoints[0], ensemble.class_names, None, "evaluation on the test split")
         judged = data.held_out.split == "test"  # else the held-out images are fold 0's, which the others trained on
-        options = export_args(["--ckpt_path", str(checkpoints[0]), "--output_dir", str(output)])
+        options = ExportOptions(ckpt_path=checkpoints[0], output_dir=output)
         check_options(options)
-        skipped = None if judged else (f"no test split: each image trained {len(folds) - 1} of the {len(folds)} fold "
-                                       "models; the card's cross-validated figures stand for it")  # fmt: skip
+        skipped = (
+            None
+            if judged
+            else (
+                f"no test split: each image trained {len(folds) - 1} of the {len(folds)} fold "
+                "models; the card's cross-validated figures stand for it"
+            )
+        )
         exported = export_model(options, ensemble, checkpoint, data if judged else None, skipped)
         report(exported.card, exported.written)
     print(f"Fold ensemble: {output} (the mean of the {len(folds)} fold models' calibrated probabilities)", flush=True)
@@ -248,18 +280,19 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
                     else None
                 )
             if shipped:
-                from ..machinery.cross_validation_report import write_report
+                from ..cross_validation.report import write_report
 
                 write_report(folds, summary, output / "cv_report.html", options.gallery, shipped)
             return 0
-        from ..machinery import cross_validation as cv
+        from ..cross_validation import fold_figures as cv
 
         summaries, outputs = [], []
         for name, config in zip("AB", options.compare, strict=True):
             print(f"{name}: {config}", flush=True)
             output = options.output / f"cv-{name}" if options.output else None
-            summary, folder, _ = cross_validation(options, [f"--config={config}", *fit_options], model_class,
-                                                  default_config, output)  # fmt: skip
+            summary, folder, _ = cross_validation(
+                options, [f"--config={config}", *fit_options], model_class, default_config, output
+            )
             summaries.append(summary)
             outputs.append(folder)
         comparison = cv.paired(*summaries)

@@ -15,7 +15,7 @@ import lightning as L
 
 def run_main(model_class: type[L.LightningModule], default_config: Path) -> None:
     """``python main.py {fit,validate,test,predict} ...``: train and evaluate (LightningCLI)."""
-    from ..machinery.cli import main
+    from ..cli.trainer_cli import main
 
     main(model_class, default_config)
 
@@ -53,9 +53,16 @@ def run_cross_validate(model_class: type[L.LightningModule], default_config: Pat
 
 def run_pack(model_class: type[L.LightningModule], default_config: Path) -> None:
     """``python pack.py --output ...``: the project's images packed by litdata, through its DataModule and config."""
-    from ..machinery import pack_command
+    from ..cli import pack_command
 
     pack_command.main(model_class, default_config)
+
+
+def run_serve(model_class: type[L.LightningModule], default_config: Path) -> None:
+    """``python serve.py --model <export folder>``: the exported model behind HTTP, answering as ``predict`` does."""
+    from ..serving import server
+
+    sys.exit(server.main())
 
 
 def project_name(default_config: Path) -> str:

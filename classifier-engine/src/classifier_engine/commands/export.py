@@ -18,18 +18,18 @@ from pathlib import Path
 
 import lightning as L
 
-from ..foundation.errors import OneLineArgumentParser, exit_with
-from ..machinery.export.artifacts import FORMATS, ExportOptions, export_artifacts
-from ..machinery.export.errors import ExportError
-from ..machinery.export.model_card import int8_change, int8_loss, table
-from ..machinery.export.quantize import CALIBRATION_METHODS
-from ..machinery.export.registry import (
+from ..export.artifacts import FORMATS, ExportOptions, export_artifacts
+from ..export.errors import ExportError
+from ..export.model_card import int8_change, int8_loss, table
+from ..export.quantize import CALIBRATION_METHODS
+from ..export.registry import (
     check_registry,
     check_request,
     default_tracking_uri,
     register,
 )
-from ..machinery.noise import silence_known_noise
+from ..foundation.errors import OneLineArgumentParser, exit_with
+from ..foundation.noise import silence_known_noise
 
 
 def formats(value: str) -> tuple[str, ...]:
@@ -113,9 +113,16 @@ def main(
     if options.register:
         try:
             versions = register(
-                options.register, options.alias, options.tracking_uri, options.ckpt_path, options.folder(),
-                exported.card, exported.examples, experiment, options.config,
-            )  # fmt: skip
+                options.register,
+                options.alias,
+                options.tracking_uri,
+                options.ckpt_path,
+                options.folder(),
+                exported.card,
+                exported.examples,
+                experiment,
+                options.config,
+            )
         except Exception as error:
             exit_with(error)
         for version in versions:

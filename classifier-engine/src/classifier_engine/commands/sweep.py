@@ -17,8 +17,8 @@ from pathlib import Path
 import lightning as L
 
 from ..foundation.errors import OneLineArgumentParser, UsageError, exit_with
-from ..machinery.console_log import CONSOLE
-from ..machinery.noise import silence_known_noise
+from ..foundation.noise import silence_known_noise
+from ..runs.console_log import CONSOLE
 
 EXTRA = "sweep"  # the optional dependencies this command needs: pip install -e ".[sweep]"
 
@@ -48,8 +48,8 @@ def main(model_class: type[L.LightningModule], default_config: Path, argv: list[
             import plotly  # noqa: F401
         except ImportError as error:
             raise UsageError(f"sweeps need {error.name}, which is not installed; pip install -e '.[{EXTRA}]'") from None
-        from ..machinery.label_check import refuse_fold_settings
-        from ..machinery.sweeps import report, space, study, trial, validate
+        from ..cross_validation.folds import refuse_fold_settings
+        from ..sweeps import report, space, study, trial, validate
 
         if options.folds == 1 or options.folds < 0:
             raise UsageError(f"--folds must be 0 (one validation split) or at least 2, got {options.folds}")

@@ -3,7 +3,7 @@
 from .datamodule import ImageDataModule
 from .folder import ImageFolderDataModule
 from .interfaces import BatchPlan, DataSummary, Fingerprinted, PredictionNames, TrainingImages, ValidationSplit
-from .streamed import StreamedImageDataModule
+from .streams.datamodule import StreamedImageDataModule
 
 __all__ = [
     "BatchPlan",

@@ -227,8 +227,9 @@ class ImageDataModule(L.LightningDataModule):
 
     def preprocessing(self) -> Preprocessing:
         """How this DataModule makes an image the network's input: the record every checkpoint keeps."""
-        return Preprocessing(self.image_size, self.resize, self.interpolation, float(self.crop_pct),
-                             tuple(self.mean), tuple(self.std))  # fmt: skip
+        return Preprocessing(
+            self.image_size, self.resize, self.interpolation, float(self.crop_pct), tuple(self.mean), tuple(self.std)
+        )
 
     def data_summary(self) -> str | None:
         """How many images each split has, of how many classes, at what size, from where."""

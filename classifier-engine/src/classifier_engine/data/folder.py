@@ -56,9 +56,27 @@ _found: dict[
 
 Task = Literal["auto", "multiclass", "multilabel"]
 # ImageFolderDataModule's own settings (the rest are ImageDataModule's, passed on as they are).
-FOLDER_SETTINGS = ("image_dir", "image_size", "resize", "val_fraction", "test_fraction", "split_seed", "cache_dir",
-                   "on_bad_image", "pack_workers", "class_names", "mean", "std", "interpolation", "crop_pct", "task",
-                   "allow_paths_outside", "source", "storage_options", "max_cache_size")  # fmt: skip
+FOLDER_SETTINGS = (
+    "image_dir",
+    "image_size",
+    "resize",
+    "val_fraction",
+    "test_fraction",
+    "split_seed",
+    "cache_dir",
+    "on_bad_image",
+    "pack_workers",
+    "class_names",
+    "mean",
+    "std",
+    "interpolation",
+    "crop_pct",
+    "task",
+    "allow_paths_outside",
+    "source",
+    "storage_options",
+    "max_cache_size",
+)
 
 
 def labelled_images(image_dir: str | Path, task: str = "auto", allow_outside: bool = False) -> LabelledImages:
@@ -165,7 +183,7 @@ class ImageFolderDataModule(ImageDataModule):
             max_cache_size: With source: most disk the streamed training chunks take under cache_dir (e.g. 50GB).
             **kwargs: How batches are served and augmented (``ImageDataModule``).
         """
-        from .streamed import StreamedImageDataModule, streaming_class
+        from .streams.datamodule import StreamedImageDataModule, streaming_class
 
         if source is not None and not isinstance(self, StreamedImageDataModule):
             # This very class, streaming: its methods that read data are the stream's, the rest (the project's
@@ -258,7 +276,7 @@ class ImageFolderDataModule(ImageDataModule):
     def data_fingerprint(cls, settings: Mapping[str, Any], stage: str) -> str:
         """The manifest's digest (every image's path, size and time, and the packing settings): what is trained on."""
         if settings.get("source"):
-            from .streamed import StreamedImageDataModule
+            from .streams.datamodule import StreamedImageDataModule
 
             return StreamedImageDataModule.data_fingerprint(settings, stage)
         if stage == "predict" and settings.get("predict_dir"):

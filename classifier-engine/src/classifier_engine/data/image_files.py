@@ -17,6 +17,7 @@ pixels a model is trained on and the pixels it is asked about are made the same 
 
 from __future__ import annotations
 
+import io
 import logging
 import warnings
 from pathlib import Path
@@ -113,15 +114,21 @@ def fit_to_square(
 
 
 def decode_image(
-    path: Path, size: int, resize: Resize = "crop", interpolation: Interpolation = "bilinear", crop_pct: float = 1.0
+    path: Path | bytes,
+    size: int,
+    resize: Resize = "crop",
+    interpolation: Interpolation = "bilinear",
+    crop_pct: float = 1.0,
 ) -> np.ndarray:
-    """The file at ``path`` as uint8 (size, size, 3); raises ``BadImageError`` when it is not a readable image."""
+    """The file at ``path`` (or a file's bytes, as a server receives them) as uint8 (size, size, 3); raises
+    ``BadImageError`` when it is not a readable image."""
     try:
-        if path.stat().st_size == 0:
+        if (len(path) if isinstance(path, bytes) else path.stat().st_size) == 0:
             raise BadImageError("empty file")
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # a bomb is a bad image, not a warning
-            with Image.open(path) as image:
+            source = io.BytesIO(path) if isinstance(path, bytes) else path
+            with Image.open(source) as image:
                 if image.format == "JPEG" and resize != "pad":
                     # Shrinks by a power of two while decoding, never below size x size.
                     image.draft("RGB", (round(size / crop_pct), round(size / crop_pct)))
@@ -136,7 +143,8 @@ def decode_image(
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         # UnidentifiedImageError and "image file is truncated" are OSErrors; PIL's plugins raise the others.
-        raise BadImageError(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
+        said = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise BadImageError(said.replace(f" {source}", "") if isinstance(path, bytes) else said) from error
     return pixels
 
 

@@ -85,10 +85,12 @@ class LabelledImages:
     def as_multilabel(self) -> LabelledImages:
         """The same images with each class as a one-label set (``data.task: multilabel`` on single-label data)."""
         splits = {
-            split: [replace(entry, label=entry.label if isinstance(entry.label, tuple) else (entry.label,))
-                    for entry in entries]
+            split: [
+                replace(entry, label=entry.label if isinstance(entry.label, tuple) else (entry.label,))
+                for entry in entries
+            ]
             for split, entries in self.splits.items()
-        }  # fmt: skip
+        }
         return replace(self, splits=splits, task="multilabel")
 
 

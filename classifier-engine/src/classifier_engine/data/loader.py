@@ -114,8 +114,9 @@ class BalancedEpochSampler(TrainerEpochSampler):
     uninterrupted one would (the loader skips those already trained, as for the shuffled order).
     """
 
-    def __init__(self, dataset: Dataset, current_epoch: Callable[[], int | None], weights: torch.Tensor,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self, dataset: Dataset, current_epoch: Callable[[], int | None], weights: torch.Tensor, **kwargs: Any
+    ) -> None:
         super().__init__(dataset, current_epoch, **kwargs)
         self.weights = weights.double()
 

@@ -13,7 +13,7 @@ FOLDER = Path(__file__).resolve().parent
 
 def pages() -> dict[str, Path]:
     """Every page by name (its file name without ``.md``)."""
-    return {path.stem: path for path in sorted(FOLDER.glob("*.md"))}
+    return {path.stem: path for path in sorted(FOLDER.glob("*.md")) if path.name != "README.md"}
 
 
 def title(path: Path) -> str:

@@ -1,4 +1,2 @@
-"""The service wing: run identity and resume, locks, signals, atomic files, errors, export and sweep internals.
-
-Nothing here needs reading to train; README.md beside this file lists what it guarantees.
-"""
+"""Kept for one minor release: only ``python -m classifier_engine.machinery.torchrun``, which projects rendered
+before 1.6 run from ``scripts/torchrun.sh``. The library lives in rooms by capability (``docs/design.md``)."""

@@ -129,8 +129,10 @@ def rejection_threshold(scores: Tensor, correct: Tensor, keep_correct: float) ->
 def calibration_error(probabilities: Tensor, targets: Tensor, multilabel: bool) -> float:
     """Expected calibration error (15 bins; multi-label: per class, averaged over the classes)."""
     if multilabel:
-        errors = [binary_calibration_error(probabilities[:, k].contiguous(), targets[:, k].long(), n_bins=ECE_BINS)
-                  for k in range(probabilities.shape[1])]  # fmt: skip
+        errors = [
+            binary_calibration_error(probabilities[:, k].contiguous(), targets[:, k].long(), n_bins=ECE_BINS)
+            for k in range(probabilities.shape[1])
+        ]
         return float(torch.stack(errors).mean())
     return float(multiclass_calibration_error(probabilities, targets, probabilities.shape[1], n_bins=ECE_BINS))
 
@@ -397,16 +399,20 @@ class Calibration(nn.Module):
         self.by_score = {score: float(value) for score, value in (domain.get("thresholds") or {}).items()}
         kept = domain.get("keep_in_domain")
         if kept is not None and kept != self.keep_in_domain:
-            rank_zero_info(f'Calibration: the checkpoint\'s "unknown" threshold keeps {kept} of the validation images, '
-                           f"as fitted; model.keep_in_domain {self.keep_in_domain} takes a fit")  # fmt: skip
+            rank_zero_info(
+                f'Calibration: the checkpoint\'s "unknown" threshold keeps {kept} of the validation images, '
+                f"as fitted; model.keep_in_domain {self.keep_in_domain} takes a fit"
+            )
         if self.reject_with in self.by_score:
             self.domain_threshold.fill_(self.by_score[self.reject_with])
         elif self.reject_with != "none":
             self.domain_threshold.fill_(-math.inf)
         if self.reject_with not in self.by_score and self.reject_with != "none" and fitted_on:  # else: never fitted
-            rank_zero_info(f'Calibration: the checkpoint has no "{self.reject_with}" threshold for images unlike the '
-                           "training ones (a run of a release before 1.4, or a model without features): fit again "
-                           "to fit one")  # fmt: skip
+            rank_zero_info(
+                f'Calibration: the checkpoint has no "{self.reject_with}" threshold for images unlike the '
+                "training ones (a run of a release before 1.4, or a model without features): fit again "
+                "to fit one"
+            )
         rejection = record.get("rejection")
         if not self.multilabel and rejection and rejection.get("score") == "msp" and self.keep_correct < 1:
             self.rejection.fill_(float(rejection["threshold"]))
@@ -431,6 +437,11 @@ def reliability(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BIN
     for b in range(bins):
         members = which == b
         count = int(members.sum())
-        rows.append((float(confidence[members].mean()) if count else float(edges[b] + edges[b + 1]) / 2,
-                     float(correct[members].mean()) if count else 0.0, count))  # fmt: skip
+        rows.append(
+            (
+                float(confidence[members].mean()) if count else float(edges[b] + edges[b + 1]) / 2,
+                float(correct[members].mean()) if count else 0.0,
+                count,
+            )
+        )
     return rows

@@ -116,11 +116,14 @@ def evaluation_metrics(task: Task, num_classes: int, imbalanced: bool) -> Metric
     validation are the report's and the card's).
     """
     if task == "multilabel":
-        return MetricCollection({
-            "mAP": MultilabelAveragePrecision(num_classes, average="macro"),
-            "f1_macro": MultilabelF1Score(num_classes, average="macro"),
-            "f1_micro": MultilabelF1Score(num_classes, average="micro"),
-        }, compute_groups=False)  # fmt: skip
+        return MetricCollection(
+            {
+                "mAP": MultilabelAveragePrecision(num_classes, average="macro"),
+                "f1_macro": MultilabelF1Score(num_classes, average="macro"),
+                "f1_micro": MultilabelF1Score(num_classes, average="micro"),
+            },
+            compute_groups=False,
+        )
     metrics = {
         "top1": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
         "top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),

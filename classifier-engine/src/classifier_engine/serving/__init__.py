@@ -1,0 +1,1 @@
+"""An exported model behind HTTP (LitServe): answers as ``predict`` gives them, batched dynamically."""

@@ -1,0 +1,97 @@
+"""What stands before the API: a request's type and size checked, raw image bytes turned into the JSON form.
+
+An ASGI middleware on ``POST /predict``: a content type the API does not read gets 415, a body over the limit
+413 (read no further), JSON that does not parse 400, each as ``{"error": "error: <what>; <what to do>"}``, and
+the server goes on serving. Raw bytes (``image/*``, ``application/octet-stream``) reach the API as
+``{"image": "<base64>"}``, so one decoder serves every form.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON = "application/json"
+RAW = ("image/", "application/octet-stream")
+FORM = "multipart/form-data"
+DRAINED = 8  # a body over the limit is read to its end up to this many limits, then cut
+
+
+async def refuse(send: Send, status: int, what: str) -> None:
+    """One JSON line, ``{"error": "error: ..."}``, with its status."""
+    body = json.dumps({"error": f"error: {what}"}).encode()
+    headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestGate:
+    """Checks ``path``'s POST requests before the API reads them (``max_bytes``: the largest body taken)."""
+
+    def __init__(self, app: Callable, path: str = "/predict", max_bytes: int = 20 * 1024 * 1024) -> None:
+        self.app, self.path, self.max_bytes = app, path, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        if not (kind in (JSON, FORM) or kind.startswith(RAW)):
+            await refuse(
+                send,
+                415,
+                f"content type {kind or 'none'} is not read here; send the photo's bytes as "
+                'image/jpeg (or image/png, ...), a multipart upload or JSON {"image": "<base64>"}',
+            )
+            return
+        body, more, size = b"", True, 0
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            more = message.get("more_body", False)
+            if size <= self.max_bytes:
+                body += chunk
+            elif not more or size > DRAINED * self.max_bytes:
+                # Read to its end first (up to a bound) so that the client, still sending, reads the answer.
+                await refuse(
+                    send,
+                    413,
+                    f"the request is over this server's {self.max_bytes} bytes; send a smaller "
+                    "photo or start the server with a larger --max_request_mb",
+                )
+                return
+        if kind.startswith(RAW):
+            body, kind = json.dumps({"image": base64.b64encode(body).decode()}).encode(), JSON
+        elif kind == JSON:
+            try:
+                json.loads(body)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                await refuse(send, 400, 'the body is not JSON; send {"image": "<base64 of the file>"}')
+                return
+        rest = [(name, value) for name, value in scope["headers"] if name not in (b"content-type", b"content-length")]
+        if kind == JSON:
+            rest += [(b"content-type", JSON.encode())]
+        else:
+            rest += [(b"content-type", headers[b"content-type"])]
+        rest += [(b"content-length", str(len(body)).encode())]
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app({**scope, "headers": rest}, replay, send)

@@ -1,0 +1,113 @@
+"""``python serve.py --model <export folder>``: the exported model behind HTTP, answering as ``predict`` does.
+
+``POST /predict`` takes one photo (raw bytes, a multipart upload as ``image``, or JSON ``{"image": base64}``)
+and returns ``predict``'s answer as JSON: the label (the labels, with several), its calibrated probability,
+"unknown" and why, the score against the training images, and the top classes. ``GET /health`` is ``ok`` once
+every worker has opened the graph. Requests arriving together are run as one batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from pathlib import Path
+
+from ..foundation.errors import OneLineArgumentParser, UsageError, exit_with
+from ..foundation.noise import silence_known_noise
+from .exported_model import FILES, ExportedModel, ServingError
+
+DESCRIPTION = "Serve an exported model over HTTP: POST /predict answers as predict does, requests batched."
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = OneLineArgumentParser(prog="serve.py", description=DESCRIPTION)
+    add = parser.add_argument
+    add("--model", type=Path, required=True, help="the folder export.py wrote (checkpoints/export/ of a run)")
+    add("--format", choices=tuple(FILES), default="onnx", help="which of its graphs: onnx (float32) or int8")
+    add("--host", default="127.0.0.1", help="the interface to listen on (0.0.0.0: every one, as in a container)")
+    add("--port", type=int, default=8000, help="the port to listen on")
+    add("--max_batch_size", type=int, default=8, help="most requests run as one batch")
+    add("--batch_timeout", type=float, default=0.01, help="seconds a batch waits to fill before it runs")
+    add("--workers", type=int, default=1, help="inference processes, each with the graph open")
+    add("--threads", type=int, help="onnxruntime's threads per worker (default: onnxruntime's choice)")
+    add("--top_k", type=int, default=5, help="how many of the most probable classes an answer lists")
+    add("--max_request_mb", type=float, default=20, help="the largest request taken, in MB (larger: 413)")
+    options = parser.parse_args(argv)
+    if options.max_batch_size < 1 or options.workers < 1 or options.top_k < 1 or options.batch_timeout < 0:
+        parser.error("--max_batch_size, --workers and --top_k must be at least 1, --batch_timeout at least 0")
+    return options
+
+
+def check_port(host: str, port: int) -> None:
+    """A port something else listens on is one line before the workers start (uvicorn would say it its own way)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        said = f"cannot listen on {host}:{port} ({error.strerror})"
+        raise ServingError(f"{said}; stop what listens there or give another --port") from None
+
+
+def json_errors(app: object) -> None:
+    """Errors as one JSON line, ``{"error": ...}``, like the gate's (FastAPI's own key is ``detail``)."""
+    from fastapi import HTTPException
+    from fastapi.responses import JSONResponse
+
+    async def one_line(request: object, error: HTTPException) -> JSONResponse:
+        detail = str(error.detail)
+        return JSONResponse(
+            {"error": detail if detail.startswith("error: ") else f"error: {detail}"}, error.status_code
+        )
+
+    app.add_exception_handler(HTTPException, one_line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    silence_known_noise()
+    options = parse_args(argv)
+    try:
+        import litserve as ls
+
+        from .api import ClassifierAPI
+        from .gate import RequestGate
+
+        opened = ExportedModel(options.model, options.format, options.threads)  # a bad folder: one line, now
+        check_port(options.host, options.port)
+        api = ClassifierAPI(
+            options.model,
+            options.format,
+            options.top_k,
+            options.threads,
+            max_batch_size=options.max_batch_size,
+            batch_timeout=options.batch_timeout,
+        )
+        gate = (RequestGate, {"path": api.api_path, "max_bytes": int(options.max_request_mb * 1024 * 1024)})
+        server = ls.LitServer(api, accelerator="cpu", workers_per_device=options.workers, middlewares=[gate])
+        json_errors(server.app)
+        task = "labels" if opened.rules.multilabel else "label"
+        print(
+            f"Serving {options.model} ({options.format}, {len(opened.rules.class_names)} classes, a {task} per "
+            f"answer) at http://{options.host}:{options.port}/predict: batches of up to {options.max_batch_size}, "
+            f"{options.workers} worker(s); GET /health says when it is ready",
+            flush=True,
+        )
+        evaluation = opened.card.get("evaluation")
+        views = evaluation.get("test_time_augmentation_of_the_run") if isinstance(evaluation, dict) else None
+        if isinstance(views, str) and views.isidentifier():  # the card's word, printed only as a name
+            print(
+                f"note: the run's predict averages {views} views; the exported files, and so this server, "
+                "compute one view of each image",
+                flush=True,
+            )
+        server.run(host=options.host, port=options.port, generate_client_file=False, log_level="warning")
+    except ImportError as error:
+        exit_with(UsageError(f"serving needs {error.name}, which is not installed; pip install -e '.[serve]'"))
+    except Exception as error:  # a user's mistake: one line (FULL_ERROR=1: the traceback)
+        exit_with(error)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""serve.py: the exported model over HTTP answers every photo as ``main.py predict`` does, and refuses bad input in
+one JSON line while it goes on serving."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from photo_classifier.models import ImageClassifier as PhotoClassifier
+from PIL import Image
+
+from classifier_engine.data.image_files import decode_image
+from classifier_engine.data.preprocessing import Preprocessing
+
+from .conftest import PHOTO_ROOT, cli_env, free_port, images_args, run_cli, write_image_folder
+
+
+def varied_photos(folder: Path, count: int = 50) -> Path:
+    """JPEG and PNG files of odd sizes, greyscale, with alpha, palette and EXIF-rotated ones: what users send."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    colours = [(200, 40, 40), (40, 200, 40), (40, 40, 200)]
+    for index in range(count):
+        size = (int(rng.integers(17, 300)), int(rng.integers(17, 300)))
+        base = np.array(colours[index % 3]) + rng.integers(-30, 30, (size[1], size[0], 3))
+        image = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8), "RGB")
+        kind = index % 5
+        if kind == 0:
+            image.save(folder / f"{index:02d}.jpg", quality=90)
+        elif kind == 1:
+            image.convert("L").save(folder / f"{index:02d}.png")
+        elif kind == 2:
+            image.convert("RGBA").save(folder / f"{index:02d}.png")
+        elif kind == 3:
+            image.convert("P").save(folder / f"{index:02d}.png")
+        else:
+            exif = Image.Exif()
+            exif[0x0112] = 6  # rotated: shown turned by 90 degrees
+            image.save(folder / f"{index:02d}.jpg", exif=exif)
+    return folder
+
+
+def png_bomb(side: int = 30000) -> bytes:
+    """A valid PNG header that claims side x side pixels: far over the bound fit decodes with."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
+
+
+def post(url: str, body: bytes, content_type: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url, body, {"Content-Type": content_type}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def multipart(field: str, name: str, data: bytes) -> tuple[bytes, str]:
+    boundary = "photo-boundary-7"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{name}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A tiny photo model trained, exported and predicted on 50 varied photos; its export served on a free port."""
+    root = tmp_path_factory.mktemp("serve")
+    photos = write_image_folder(root / "photos")
+    # One view per image: the exported files compute one, so predict's answers are the files' (the photo config
+    # averages a mirror view at predict, which the server says when it starts).
+    args = images_args(photos, "--trainer.max_epochs=3", "--model.test_time_augmentation=null")
+    run_cli(*args, cwd=root)
+    (last,) = root.glob("runs/images/*/checkpoints/last.ckpt")
+    export = subprocess.run(
+        [sys.executable, str(PHOTO_ROOT / "export.py"), f"--ckpt_path={last}", "--formats", "onnx"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=600,
+    )
+    assert export.returncode == 0, export.stderr[-3000:]
+    new = varied_photos(root / "new")
+    run_cli("predict", *args[1:], "--ckpt_path=last", f"--data.predict_dir={new}", cwd=root)
+    (predictions,) = root.glob("runs/images/*/predict/*/predictions.csv")
+    port = free_port()
+    command = [
+        sys.executable,
+        str(PHOTO_ROOT / "serve.py"),
+        "--model",
+        str(last.parent / "export"),
+        "--port",
+        str(port),
+        "--max_batch_size",
+        "4",
+        "--max_request_mb",
+        "1",
+        "--threads",
+        "1",
+    ]
+    log = (root / "serve.log").open("w")  # what the server says, for a failure's message
+    server = subprocess.Popen(
+        command,
+        cwd=root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=cli_env(),
+        start_new_session=True,  # its workers are its own processes: the group ends with it
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(180):
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError(f"serve.py did not say ok on /health within 90 s:\n{(root / 'serve.log').read_text()}")
+        yield url, last, new, {row["image"]: row for row in csv.DictReader(predictions.read_text().splitlines())}
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def test_every_photo_gets_predicts_answer_over_http_in_each_form_one_at_a_time_and_batched(served):
+    url, last, new, rows = served
+    files = sorted(new.iterdir())
+    assert len(files) == 50 and set(rows) == {path.name for path in files}
+
+    def ask(index_path: tuple[int, Path]) -> dict:
+        index, path = index_path
+        data = path.read_bytes()
+        form = index % 3
+        if form == 0:
+            status, answer = post(f"{url}/predict", data, "image/jpeg" if path.suffix == ".jpg" else "image/png")
+        elif form == 1:
+            status, answer = post(f"{url}/predict", *multipart("image", path.name, data))
+        else:
+            body = json.dumps({"image": base64.b64encode(data).decode()}).encode()
+            status, answer = post(f"{url}/predict", body, "application/json")
+        assert status == 200, answer
+        return answer
+
+    one_at_a_time = [ask(item) for item in enumerate(files)]
+    with ThreadPoolExecutor(8) as pool:  # requests arriving together run as batches
+        together = list(pool.map(ask, enumerate(files)))
+    for alone, batched in zip(one_at_a_time, together, strict=True):  # a batch answers each image as alone
+        assert batched["label"] == alone["label"] and batched["unknown_because"] == alone["unknown_because"]
+        assert [item["label"] for item in batched["top"]] == [item["label"] for item in alone["top"]]
+        assert batched["probability"] == pytest.approx(alone["probability"], abs=1e-6)
+
+    # The checkpoint's own model, in PyTorch, on the pixels predict decodes: the same calibrated probabilities.
+    model = PhotoClassifier.load_from_checkpoint(last, map_location="cpu").eval()
+    card = json.loads((last.parent / "export" / "model.card.json").read_text())
+    record = Preprocessing.from_dict(card["input"]["preprocessing"])
+    pixels = np.stack(
+        [decode_image(path, record.image_size, record.resize, record.interpolation, record.crop_pct) for path in files]
+    ).transpose(0, 3, 1, 2)
+    with torch.inference_mode():
+        reference = model.predict_step((torch.from_numpy(np.ascontiguousarray(pixels)), None), 0)
+    unknown_seen = 0
+    for path, answer, probabilities in zip(files, one_at_a_time, reference["probabilities"], strict=True):
+        row = rows[path.name]
+        assert answer["label"] == row["predicted"], (path.name, answer, row)
+        assert abs(answer["probability"] - float(row["probability"])) <= 5e-5  # the CSV keeps 4 decimals
+        assert (answer["unknown_because"] or "") == row["unknown_because"]
+        top5 = re.findall(r"(.+?):(\d\.\d{4})(?: |$)", row["top5"])  # "name:probability" pairs; names may hold spaces
+        assert [item["label"] for item in answer["top"]] == [name for name, _ in top5]
+        assert answer["score"] == pytest.approx(float(row["score"]), rel=1e-4, abs=1e-5)
+        top = probabilities.argmax()
+        assert abs(answer["top"][0]["probability"] - float(probabilities[top])) <= 1e-5
+        shown = {item["label"]: item["probability"] for item in answer["top"]}
+        for index, name in enumerate(model.class_names):
+            assert abs(shown[name] - float(probabilities[index])) <= 1e-5
+        unknown_seen += answer["unknown"]
+    assert unknown_seen < len(files)  # the comparison covers answered photos, not only "unknown"
+
+
+def test_bad_input_gets_one_json_line_with_a_4xx_status_and_the_server_goes_on(served):
+    url, _, new, rows = served
+    photo = sorted(new.glob("*.jpg"))[0]
+    truncated = photo.read_bytes()[:200]
+    big = photo.read_bytes() + b"\0" * (2 * 1024 * 1024)
+    cases = {
+        "not an image": (b"these are not pixels", "image/png", 400),
+        "truncated": (truncated, "image/jpeg", 400),
+        "empty": (b"", "image/jpeg", 400),
+        "a decompression bomb": (png_bomb(), "image/png", 400),
+        "a wrong content type": (photo.read_bytes(), "text/plain", 415),
+        "too large": (big, "image/jpeg", 413),
+        "JSON that does not parse": (b"{image:", "application/json", 400),
+        "JSON without an image": (b'{"photo": "x"}', "application/json", 400),
+        "an image that is not base64": (b'{"image": "%%%"}', "application/json", 400),
+        "a form without the field": (*multipart("photo", "x.jpg", photo.read_bytes()), 400),
+    }
+    for what, (body, content_type, status) in cases.items():
+        got, answer = post(f"{url}/predict", body, content_type)
+        assert got == status, (what, got, answer)
+        assert list(answer) == ["error"] and answer["error"].startswith("error: "), (what, answer)
+        assert "\n" not in answer["error"] and "Traceback" not in answer["error"], (what, answer)
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+        assert response.read() == b"ok"
+    status, answer = post(f"{url}/predict", photo.read_bytes(), "image/jpeg")
+    assert status == 200 and answer["label"] == rows[photo.name]["predicted"]
+
+
+def test_a_folder_that_is_not_an_export_is_one_line(tmp_path):
+    (tmp_path / "model.card.json").write_text('{"class_names": "not a list"}')
+    result = subprocess.run(
+        [sys.executable, str(PHOTO_ROOT / "serve.py"), "--model", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "export" in line
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.card.json"]  # nothing left behind
