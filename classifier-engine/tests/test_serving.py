@@ -103,3 +103,41 @@ def test_the_gate_refuses_what_the_api_cannot_read_and_hands_raw_bytes_on_as_jso
         status, answered, seen = through_gate(body, kind)
         assert status == expected and seen is None  # the API never saw it
         assert list(answered) == ["error"] and answered["error"].startswith("error: ")
+
+
+def test_past_the_requests_it_lets_wait_the_gate_sheds_a_new_one_with_503_and_takes_the_next_once_one_ends():
+    release = asyncio.Event()
+
+    async def api(scope, receive, send) -> None:  # a busy worker: answers when released
+        await receive()
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    gate = RequestGate(api, max_waiting=2)
+    scope = {"type": "http", "path": "/predict", "method": "POST", "headers": [(b"content-type", b"image/png")]}
+
+    async def one_request() -> int:
+        sent: list = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"png", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await gate(scope, receive, send)
+        if sent[0]["status"] == 503:
+            assert json.loads(sent[1]["body"])["error"].startswith("error: the server is busy")
+        return sent[0]["status"]
+
+    async def scenario() -> list[int]:
+        waiting = [asyncio.create_task(one_request()) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        shed = await one_request()  # two wait already: shed at once, not queued
+        release.set()
+        answered = await asyncio.gather(*waiting)
+        return [shed, *answered, await one_request()]
+
+    assert asyncio.run(scenario()) == [503, 200, 200, 200]
+    assert gate.waiting == 0

@@ -1,9 +1,9 @@
-"""What stands before the API: a request's type and size checked, raw image bytes turned into the JSON form.
+"""What stands before the API: load shed, a request's type and size checked, raw bytes turned into JSON.
 
-An ASGI middleware on ``POST /predict``: a content type the API does not read gets 415, a body over the limit
-413 (read no further), JSON that does not parse 400, each as ``{"error": "error: <what>; <what to do>"}``, and
-the server goes on serving. Raw bytes (``image/*``, ``application/octet-stream``) reach the API as
-``{"image": "<base64>"}``, so one decoder serves every form.
+An ASGI middleware on ``POST /predict``. Past the requests it lets wait, a new one gets 503 (shed, not queued);
+a content type the API does not read gets 415, a body over the limit 413, JSON that does not parse 400: each
+as ``{"error": "error: <what>; <what to do>"}``, and the server goes on serving. Raw bytes (``image/*``,
+``application/octet-stream``) reach the API as ``{"image": "<base64>"}``, so one decoder serves every form.
 """
 
 from __future__ import annotations
@@ -33,15 +33,30 @@ async def refuse(send: Send, status: int, what: str) -> None:
 
 
 class RequestGate:
-    """Checks ``path``'s POST requests before the API reads them (``max_bytes``: the largest body taken)."""
+    """Checks ``path``'s POST requests before the API reads them (``max_bytes``: the largest body taken), and sheds
+    load: past ``max_waiting`` requests in this server process at once, a new one gets 503 at once rather than
+    a place in a queue without bound."""
 
-    def __init__(self, app: Callable, path: str = "/predict", max_bytes: int = 20 * 1024 * 1024) -> None:
-        self.app, self.path, self.max_bytes = app, path, max_bytes
+    def __init__(
+        self, app: Callable, path: str = "/predict", max_bytes: int = 20 * 1024 * 1024, max_waiting: int = 64
+    ) -> None:
+        self.app, self.path, self.max_bytes, self.max_waiting = app, path, max_bytes, max_waiting
+        self.waiting = 0  # requests of this process between the gate and their answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        if self.waiting >= self.max_waiting:
+            await refuse(send, 503, f"the server is busy ({self.waiting} requests waiting); try again shortly")
+            return
+        self.waiting += 1
+        try:
+            await self.checked(scope, receive, send)
+        finally:
+            self.waiting -= 1
+
+    async def checked(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])
         kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if not (kind in (JSON, FORM) or kind.startswith(RAW)):

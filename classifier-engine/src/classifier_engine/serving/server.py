@@ -33,9 +33,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--threads", type=int, help="onnxruntime's threads per worker (default: onnxruntime's choice)")
     add("--top_k", type=int, default=5, help="how many of the most probable classes an answer lists")
     add("--max_request_mb", type=float, default=20, help="the largest request taken, in MB (larger: 413)")
+    add("--max_waiting", type=int, default=64, help="requests one server process holds at once (more: 503, busy)")
     options = parser.parse_args(argv)
-    if options.max_batch_size < 1 or options.workers < 1 or options.top_k < 1 or options.batch_timeout < 0:
-        parser.error("--max_batch_size, --workers and --top_k must be at least 1, --batch_timeout at least 0")
+    counts = (options.max_batch_size, options.workers, options.top_k, options.max_waiting)
+    if min(counts) < 1 or options.batch_timeout < 0:
+        parser.error(
+            "--max_batch_size, --workers, --top_k and --max_waiting must be at least 1, --batch_timeout 0 or more"
+        )
     return options
 
 
@@ -83,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             max_batch_size=options.max_batch_size,
             batch_timeout=options.batch_timeout,
         )
-        gate = (RequestGate, {"path": api.api_path, "max_bytes": int(options.max_request_mb * 1024 * 1024)})
+        limits = {"max_bytes": int(options.max_request_mb * 1024 * 1024), "max_waiting": options.max_waiting}
+        gate = (RequestGate, {"path": api.api_path, **limits})
         server = ls.LitServer(api, accelerator="cpu", workers_per_device=options.workers, middlewares=[gate])
         json_errors(server.app)
         task = "labels" if opened.rules.multilabel else "label"
