@@ -141,3 +141,6 @@ def test_past_the_requests_it_lets_wait_the_gate_sheds_a_new_one_with_503_and_ta
 
     assert asyncio.run(scenario()) == [503, 200, 200, 200]
     assert gate.waiting == 0
+    text = gate.figures.text(gate.waiting)
+    assert 'classifier_requests_total{status="200"} 3' in text and 'classifier_requests_total{status="503"} 1' in text
+    assert 'classifier_request_seconds_bucket{le="+Inf"} 4' in text and "classifier_request_seconds_count 4" in text

@@ -236,6 +236,15 @@ def test_bad_input_gets_one_json_line_with_a_4xx_status_and_the_server_goes_on(s
         assert "\n" not in answer["error"] and "Traceback" not in answer["error"], (what, answer)
     with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
         assert response.read() == b"ok"
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:  # Prometheus's text format
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        figures = dict(line.rsplit(" ", 1) for line in response.read().decode().splitlines() if line[0] != "#")
+    refused = {status: sum(1 for case in cases.values() if case[2] == status) for status in (400, 413, 415)}
+    for status, count in refused.items():  # this module's requests so far: the refused ones counted by status
+        assert int(figures[f'classifier_requests_total{{status="{status}"}}']) == count, figures
+    answered = int(figures['classifier_requests_total{status="200"}'])
+    assert int(figures["classifier_request_seconds_count"]) == answered + sum(refused.values())
+    assert int(figures['classifier_request_seconds_bucket{le="+Inf"}']) == answered + sum(refused.values())
     status, answer = post(f"{url}/predict", photo.read_bytes(), "image/jpeg")
     assert status == 200 and answer["label"] == rows[photo.name]["predicted"]
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from .metrics import CONTENT_TYPE, RequestFigures
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -42,19 +45,36 @@ class RequestGate:
     ) -> None:
         self.app, self.path, self.max_bytes, self.max_waiting = app, path, max_bytes, max_waiting
         self.waiting = 0  # requests of this process between the gate and their answer
+        self.figures = RequestFigures()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] == "GET":
+            body = self.figures.text(self.waiting).encode()
+            headers = [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        if self.waiting >= self.max_waiting:
-            await refuse(send, 503, f"the server is busy ({self.waiting} requests waiting); try again shortly")
-            return
-        self.waiting += 1
+        started, status = time.monotonic(), [500]
+
+        async def noted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
         try:
-            await self.checked(scope, receive, send)
+            if self.waiting >= self.max_waiting:
+                await refuse(noted, 503, f"the server is busy ({self.waiting} requests waiting); try again shortly")
+                return
+            self.waiting += 1
+            try:
+                await self.checked(scope, receive, noted)
+            finally:
+                self.waiting -= 1
         finally:
-            self.waiting -= 1
+            self.figures.add(status[0], time.monotonic() - started)
 
     async def checked(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])

@@ -3,7 +3,8 @@
 ``POST /predict`` takes one photo (raw bytes, a multipart upload as ``image``, or JSON ``{"image": base64}``)
 and returns ``predict``'s answer as JSON: the label (the labels, with several), its calibrated probability,
 "unknown" and why, the score against the training images, and the top classes. ``GET /health`` is ``ok`` once
-every worker has opened the graph. Requests arriving together are run as one batch.
+every worker has opened the graph; ``GET /metrics`` counts the answers and times them (Prometheus).
+Requests arriving together are run as one batch.
 """
 
 from __future__ import annotations
@@ -106,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
                 "compute one view of each image",
                 flush=True,
             )
-        server.run(host=options.host, port=options.port, generate_client_file=False, log_level="warning")
+        # One API process (it only reads requests and waits): the gate's count of waiting requests and its figures
+        # at /metrics are then the whole server's.
+        server.run(
+            host=options.host, port=options.port, num_api_servers=1, generate_client_file=False, log_level="warning"
+        )
     except ImportError as error:
         exit_with(UsageError(f"serving needs {error.name}, which is not installed; pip install -e '.[serve]'"))
     except Exception as error:  # a user's mistake: one line (FULL_ERROR=1: the traceback)
