@@ -144,7 +144,8 @@ class ExportedModel:
             inside = scores >= np.float32(rules.unlike_training)
         if rules.multilabel:
             given = probabilities >= rules.thresholds
-            given &= True if inside is None else inside[:, None]
+            if inside is not None:
+                given &= inside[:, None]
             return answers(probabilities, rules.class_names, inside, labels=given, scores=scores, top_k=top_k)
         sure = None if rules.likely_mistake is None else probabilities.max(axis=1) >= np.float32(rules.likely_mistake)
         answered = sure if inside is None else (inside if sure is None else sure & inside)

@@ -87,7 +87,8 @@ class RequestGate:
                 'image/jpeg (or image/png, ...), a multipart upload or JSON {"image": "<base64>"}',
             )
             return
-        body, more, size = b"", True, 0
+        chunks: list[bytes] = []
+        more, size = True, 0
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -96,7 +97,7 @@ class RequestGate:
             size += len(chunk)
             more = message.get("more_body", False)
             if size <= self.max_bytes:
-                body += chunk
+                chunks.append(chunk)
             elif not more or size > DRAINED * self.max_bytes:
                 # Read to its end first (up to a bound) so that the client, still sending, reads the answer.
                 await refuse(
@@ -106,6 +107,7 @@ class RequestGate:
                     "photo or start the server with a larger --max_request_mb",
                 )
                 return
+        body = b"".join(chunks)
         if kind.startswith(RAW):
             body, kind = json.dumps({"image": base64.b64encode(body).decode()}).encode(), JSON
         elif kind == JSON:
