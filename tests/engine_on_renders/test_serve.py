@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -263,3 +264,117 @@ def test_a_folder_that_is_not_an_export_is_one_line(tmp_path):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "export" in line
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model.card.json"]  # nothing left behind
+
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def chromium() -> str:
+    """Debian's Chromium (``apt-get install chromium``; ``.ci/run`` installs it, so CI never skips this), or Chrome."""
+    found = os.environ.get("CHROMIUM") or next(filter(None, map(shutil.which, BROWSERS)), None)
+    if not found:
+        if os.environ.get("CLASSIFIER_REQUIRE_BROWSER") == "1":
+            pytest.fail("no chromium on PATH; apt-get install chromium (or set CHROMIUM to its path)")
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    return found
+
+
+# As root, in a closed network: no sandbox, and none of Chromium's own calls home.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def test_the_page_answers_a_photo_as_predict_does_in_headless_chromium(served, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api")
+    url, _, new, rows = served
+    with urllib.request.urlopen(f"{url}/", timeout=5) as response:  # the page loads nothing from elsewhere
+        assert response.headers["Content-Type"].startswith("text/html")
+        assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+    photos = [sorted(new.glob("*.jpg"))[0], sorted(new.glob("*.png"))[1]]
+    not_a_photo = tmp_path / "notes.jpg"
+    not_a_photo.write_bytes(b"these are not pixels")
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page()
+            problems: list[str] = []  # script errors and refused loads (the page's policy) fail the test
+            page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.goto(f"{url}/")
+            for photo in photos:
+                page.set_input_files("#file", str(photo))
+                page.wait_for_selector("body[data-state=answered]", timeout=60_000)
+                row = rows[photo.name]
+                assert page.inner_text("#label") == row["predicted"]
+                why = page.locator("#unknown")
+                assert (why.inner_text() if why.is_visible() else "") == (
+                    f"why: {row['unknown_because']}" if row["unknown_because"] else ""
+                )
+                shown = [(bar.get_attribute("data-label"), bar.inner_text()) for bar in page.locator("ol#top li").all()]
+                top5 = re.findall(r"(.+?):(\d\.\d{4})(?: |$)", row["top5"])
+                assert [label for label, _ in shown] == [name for name, _ in top5]
+                for (_, text), (_, probability) in zip(shown, top5, strict=True):  # the bar's figure, to 0.1 %
+                    assert abs(float(text.split()[-2]) - 100 * float(probability)) <= 0.051, (text, probability)
+            assert problems == []
+            page.set_input_files("#file", str(not_a_photo))
+            page.wait_for_selector("body[data-state=refused]", timeout=60_000)
+            error = page.inner_text("#error")
+            assert error.startswith("error: not an image") and "\n" not in error
+            assert not page.locator("#answer").is_visible()
+            page.screenshot(path=str(tmp_path / "page.png"))  # the page drew (a failure leaves it to look at)
+            assert all("status of 400" in problem for problem in problems), problems  # the refusal, and only it
+        finally:
+            browser.close()
+
+
+def test_the_load_test_serves_each_batch_size_and_sheds_an_overload_with_503_only(served, tmp_path):
+    _, last, new, _ = served
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "classifier_engine.bench",
+            "serve",
+            "--model",
+            str(last.parent / "export"),
+            "--photos",
+            str(new),
+            "--seconds",
+            "2",
+            "--batch_sizes",
+            "1",
+            "4",
+            "--threads",
+            "1",
+            "--max_waiting",
+            "32",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(figures["served"]) == set(figures["in_process"]) == {"1", "4"}
+    for phase in (*figures["served"].values(), *figures["in_process"].values()):
+        assert phase["images_per_s"] > 0 and phase["p50_ms"] <= phase["p95_ms"] <= phase["p99_ms"]
+        assert set(phase["statuses"]) == {"200"}  # at saturation, every request answered
+    best = figures["best_batch"]
+    assert figures["served_over_in_process"] == pytest.approx(
+        figures["served"][str(best)]["images_per_s"] / figures["in_process"][str(best)]["images_per_s"], rel=1e-2
+    )
+    assert figures["failed_below_saturation"] == 0 and figures["at_80_percent"]["statuses"] == {
+        "200": figures["at_80_percent"]["statuses"]["200"]
+    }
+    overload = figures["at_2x"]["statuses"]  # past --max_waiting 32: shed with 503, never a timeout or a reset
+    assert int(overload.get("503", 0)) > 0 and set(overload) <= {"200", "503"}
+    assert figures["failures_at_2x_other_than_503"] == 0 and figures["healthy_after_overload"] is True
+    assert f"served / in-process at batch {best}:" in result.stdout

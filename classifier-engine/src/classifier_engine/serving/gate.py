@@ -1,9 +1,11 @@
 """What stands before the API: load shed, a request's type and size checked, raw bytes turned into JSON.
 
-An ASGI middleware on ``POST /predict``. Past the requests it lets wait, a new one gets 503 (shed, not queued);
-a content type the API does not read gets 415, a body over the limit 413, JSON that does not parse 400: each
-as ``{"error": "error: <what>; <what to do>"}``, and the server goes on serving. Raw bytes (``image/*``,
-``application/octet-stream``) reach the API as ``{"image": "<base64>"}``, so one decoder serves every form.
+An ASGI middleware on ``POST /predict``, which also answers ``GET /`` (the page to try the model, ``page.html``)
+and ``GET /metrics`` itself (LitServe keeps ``/`` for a line of its own). Past the requests it lets wait, a new
+one gets 503 (shed, not queued); a content type the API does not read gets 415, a body over the limit 413, JSON
+that does not parse 400: each as ``{"error": "error: <what>; <what to do>"}``, and the server goes on serving.
+Raw bytes (``image/*``, ``application/octet-stream``) reach the API as ``{"image": "<base64>"}``, so one decoder
+serves every form.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import base64
 import json
 import time
 from collections.abc import Awaitable, Callable
+from importlib.resources import files
 from typing import Any
 
 from .metrics import CONTENT_TYPE, RequestFigures
@@ -25,14 +28,34 @@ JSON = "application/json"
 RAW = ("image/", "application/octet-stream")
 FORM = "multipart/form-data"
 DRAINED = 8  # a body over the limit is read to its end up to this many limits, then cut
+PAGE = files(__package__).joinpath("page.html").read_bytes()
+# The page loads nothing from elsewhere and posts only to this server; its script sets answers as text, not markup.
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src blob:; connect-src 'self'"
+)
+
+
+async def respond(send: Send, status: int, body: bytes, content_type: str, *more: tuple[bytes, bytes]) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *more]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def refuse(send: Send, status: int, what: str) -> None:
     """One JSON line, ``{"error": "error: ..."}``, with its status."""
-    body = json.dumps({"error": f"error: {what}"}).encode()
-    headers = [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await respond(send, status, json.dumps({"error": f"error: {what}"}).encode(), JSON)
+
+
+async def drain(receive: Receive, limit: int) -> None:
+    """Read a refused request's body to its end (up to ``limit`` bytes): a server that answers and closes while
+    the client still sends makes the client's system reset the connection, and the answer is lost with it."""
+    size, more = 0, True
+    while more and size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
 
 
 class RequestGate:
@@ -48,11 +71,12 @@ class RequestGate:
         self.figures = RequestFigures()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] == "GET":
-            body = self.figures.text(self.waiting).encode()
-            headers = [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] in ("/", "/metrics"):
+            if scope["path"] == "/":
+                policy = (b"content-security-policy", PAGE_POLICY.encode())
+                await respond(send, 200, PAGE, "text/html; charset=utf-8", policy)
+            else:
+                await respond(send, 200, self.figures.text(self.waiting).encode(), CONTENT_TYPE)
             return
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
             await self.app(scope, receive, send)
@@ -66,6 +90,7 @@ class RequestGate:
 
         try:
             if self.waiting >= self.max_waiting:
+                await drain(receive, DRAINED * self.max_bytes)
                 await refuse(noted, 503, f"the server is busy ({self.waiting} requests waiting); try again shortly")
                 return
             self.waiting += 1
@@ -80,6 +105,7 @@ class RequestGate:
         headers = dict(scope["headers"])
         kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         if not (kind in (JSON, FORM) or kind.startswith(RAW)):
+            await drain(receive, DRAINED * self.max_bytes)
             await refuse(
                 send,
                 415,
