@@ -48,6 +48,11 @@ def stages() -> list[list[tuple[str, str]]]:
     return found  # found[0]: the ARGs before the first FROM
 
 
+def is_serving(stage: list[tuple[str, str]]) -> bool:
+    """A stage of the serving image (``FROM ... AS serve-build`` or ``AS serve``): built only with --target serve."""
+    return bool(stage) and stage[0][0] == "FROM" and re.search(r"\bAS serve(-build)?$", stage[0][1]) is not None
+
+
 def test_hadolint_finds_nothing():
     hadolint = shutil.which("hadolint", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     if hadolint is None and sys.platform == "win32":
@@ -83,14 +88,14 @@ def see_the_packages_installed_here(site_packages: Path) -> None:
 class StandInBuild:
     """The Dockerfile's instructions run against ``root`` in place of the image's filesystem."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, index: bool = False) -> None:
+        """``index``: pip downloads from the package index as the build would (the serving stages: their venv must
+        hold only what they install, so it sees nothing installed here)."""
         self.root = root
-        self.env = {
-            "HOME": os.environ.get("HOME", str(root)),
-            "PATH": os.environ["PATH"],
-            "PIP_NO_INDEX": "1",  # nothing is downloaded: the lock's packages are installed here
-            "PIP_NO_BUILD_ISOLATION": "0",  # (pip's spelling of "off") setuptools comes from here too
-        }
+        self.env = {"HOME": os.environ.get("HOME", str(root)), "PATH": os.environ["PATH"]}
+        if not index:
+            self.env["PIP_NO_INDEX"] = "1"  # nothing is downloaded: the lock's packages are installed here
+            self.env["PIP_NO_BUILD_ISOLATION"] = "0"  # (pip's spelling of "off") setuptools comes from here too
         self.args: dict[str, str] = {}
         self.workdir = root
         root.mkdir(parents=True)
@@ -131,7 +136,7 @@ class StandInBuild:
                 return  # the build stage's folder, already at the same place under the root
             destination = Path(self.mapped(target)) if target.startswith("/") else self.workdir / target
             for source in sources:
-                origin = PROJECT_ROOT / source
+                origin = PROJECT_ROOT / self.expand(source)
                 if origin.is_dir():
                     shutil.copytree(origin, destination, ignore=shutil.ignore_patterns("__pycache__"))
                 else:
@@ -148,6 +153,8 @@ def test_the_dockerfile_commands_install_the_project_and_train(tmp_path):
     assert named <= IMAGE_DIRS, f"{named - IMAGE_DIRS}: map them in StandInBuild.mapped"
     build = StandInBuild(tmp_path / "image")
     for stage in stages():
+        if is_serving(stage):
+            continue  # the serving image's stages (test_serve.py builds them)
         for instruction, arguments in stage:
             build.apply(instruction, arguments)
     python = build.root / "opt" / "venv" / "bin" / "python"

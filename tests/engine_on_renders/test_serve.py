@@ -378,3 +378,52 @@ def test_the_load_test_serves_each_batch_size_and_sheds_an_overload_with_503_onl
     assert int(overload.get("503", 0)) > 0 and set(overload) <= {"200", "503"}
     assert figures["failures_at_2x_other_than_503"] == 0 and figures["healthy_after_overload"] is True
     assert f"served / in-process at batch {best}:" in result.stdout
+
+
+@pytest.mark.slow  # a virtual environment installed from the package index, about 250 MB
+@pytest.mark.every_render
+def test_the_dockerfiles_serving_stages_install_no_torch_and_serve_the_export(served, tmp_path):
+    from .test_container import StandInBuild, is_serving, stages
+
+    _, last, new, rows = served
+    build = StandInBuild(tmp_path / "image", index=True)
+    build.args["MODEL"] = str(last.parent / "export")  # docker build --build-arg MODEL=...
+    for stage in filter(is_serving, stages()):
+        for instruction, arguments in stage:
+            build.apply(instruction, arguments)
+    python = build.root / "opt" / "serve" / "bin" / "python"
+    absent = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print([m for m in ('torch', 'lightning') if u.find_spec(m)])"],
+        capture_output=True, text=True, env=build.env,
+    )  # fmt: skip
+    assert absent.stdout.strip() == "[]", absent.stdout + absent.stderr  # no torch, no Lightning: onnxruntime alone
+    assert sorted(path.name for path in (build.workdir / "model").iterdir()) == sorted(
+        path.name for path in (last.parent / "export").iterdir()
+    )
+
+    # docker run -p PORT:8000 IMAGE: the image's ENTRYPOINT (its port moved to a free one here)
+    (entrypoint,) = [json.loads(a) for stage in filter(is_serving, stages()) for i, a in stage if i == "ENTRYPOINT"]
+    port = free_port()
+    command = [shutil.which(entrypoint[0], path=build.env["PATH"]), *entrypoint[1:], "--port", str(port)]
+    assert command[0] == str(python)
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        command, cwd=build.workdir, stdout=log, stderr=subprocess.STDOUT, env=build.env, start_new_session=True
+    )
+    try:
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    if response.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError(f"the serving image did not start:\n{(tmp_path / 'serve.log').read_text()}")
+        for photo in sorted(new.iterdir())[:5]:
+            status, answer = post(f"http://127.0.0.1:{port}/predict", photo.read_bytes(), "application/octet-stream")
+            assert status == 200 and answer["label"] == rows[photo.name]["predicted"], answer
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        log.close()

@@ -30,7 +30,7 @@ _API: dict[str, str] = {
     "run_check_labels": ".commands.entry",
     "run_cross_validate": ".commands.entry",
     "run_pack": ".commands.entry",
-    "run_serve": ".commands.entry",
+    "run_serve": ".serving.server",  # run_serve(): no model class, no torch
     # The model contract and the parts a model is built from.
     "ClassifierModel": ".contract",
     "LinkedFromData": ".contract",

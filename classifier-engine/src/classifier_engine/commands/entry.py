@@ -58,13 +58,6 @@ def run_pack(model_class: type[L.LightningModule], default_config: Path) -> None
     pack_command.main(model_class, default_config)
 
 
-def run_serve(model_class: type[L.LightningModule], default_config: Path) -> None:
-    """``python serve.py --model <export folder>``: the exported model behind HTTP, answering as ``predict`` does."""
-    from ..serving import server
-
-    sys.exit(server.main())
-
-
 def project_name(default_config: Path) -> str:
     """The project's folder: the one holding ``configs/``."""
     return Path(default_config).resolve().parent.parent.name

@@ -8,6 +8,7 @@ the augmentation of whole batches where they already are.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +17,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
@@ -36,10 +37,12 @@ from .dataset import (
 from .errors import DataError, DataSettingError
 from .folder_size import MIXUP_FROM_IMAGES, batch_for, counted, cutmix_for, mixup_for
 from .folds import strata
-from .image_files import Interpolation, Resize, centre_crop, load_image_folder
+from .image_files import IMAGE_SUFFIXES, BadImageError, Interpolation, Resize, centre_crop, decode_image, is_image_file
 from .interfaces import HeldOutImages
 from .loader import BalancedEpochSampler, FirstBatchStartLoader, TrainerEpochSampler
 from .preprocessing import Preprocessing
+
+log = logging.getLogger(__name__)
 
 Storage = Literal["auto", "device", "memmap"]
 Sampler = Literal["shuffle", "balanced"]
@@ -526,3 +529,32 @@ class ImageDataModule(L.LightningDataModule):
         else:  # images packed with a margin (an evaluation crop's) are evaluated on their centre
             images = centre_crop(images, self.image_size)
         return images, labels
+
+
+def load_image_folder(
+    folder: Path, size: int, resize: Resize = "crop", interpolation: Interpolation = "bilinear", crop_pct: float = 1.0
+) -> tuple[Tensor, list[str]]:
+    """Every image under ``folder`` as uint8 (N, 3, size, size), with its path relative to ``folder``, sorted.
+
+    For ``predict``: a file that cannot be read as an image is skipped with a one-line warning
+    naming it, so one bad file never stops the others.
+    """
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise DataSettingError(f"data.predict_dir={folder} is not a folder; point it at a folder of PNG/JPEG images")
+    images, names = [], []
+    for path in sorted(p for p in folder.rglob("*") if is_image_file(p) and p.is_file()):
+        try:
+            pixels = decode_image(path, size, resize, interpolation, crop_pct)
+        except BadImageError as error:
+            if rank_zero_only.rank == 0:
+                log.warning("skipped %s: not a readable image (%s)", path, error)
+            continue
+        images.append(pixels.transpose(2, 0, 1))
+        names.append(path.relative_to(folder).as_posix())
+    if not images:
+        raise DataSettingError(
+            f"data.predict_dir={folder} holds no readable image ({', '.join(IMAGE_SUFFIXES)}); "
+            "point it at a folder of images"
+        )
+    return torch.from_numpy(np.ascontiguousarray(np.stack(images))), names

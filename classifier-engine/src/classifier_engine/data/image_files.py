@@ -18,24 +18,19 @@ pixels a model is trained on and the pixels it is asked about are made the same 
 from __future__ import annotations
 
 import io
-import logging
 import warnings
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import numpy as np
-import torch
-from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image, ImageOps
-from torch import Tensor
 
-from .errors import DataSettingError
-
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:  # decoding needs no torch: a server runs this without it (the Dockerfile's serve stage)
+    from torch import Tensor
 
 Resize = Literal["crop", "pad", "stretch"]
 Interpolation = Literal["bilinear", "bicubic"]  # what pretrained weights were trained with (timm's pretrained_cfg)
-T = TypeVar("T", np.ndarray, Tensor)
+T = TypeVar("T", np.ndarray, "Tensor")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 FLATTEN_ONTO = (255, 255, 255)  # the background transparent pixels are flattened onto
 # Antialiased when shrinking (PIL filters over the whole footprint).
@@ -160,32 +155,3 @@ def resize_array(
         return pixels
     square = fit_to_square(Image.fromarray(pixels, "RGB"), size, resize, interpolation, crop_pct)
     return np.asarray(square, dtype=np.uint8)
-
-
-def load_image_folder(
-    folder: Path, size: int, resize: Resize = "crop", interpolation: Interpolation = "bilinear", crop_pct: float = 1.0
-) -> tuple[Tensor, list[str]]:
-    """Every image under ``folder`` as uint8 (N, 3, size, size), with its path relative to ``folder``, sorted.
-
-    For ``predict``: a file that cannot be read as an image is skipped with a one-line warning
-    naming it, so one bad file never stops the others.
-    """
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise DataSettingError(f"data.predict_dir={folder} is not a folder; point it at a folder of PNG/JPEG images")
-    images, names = [], []
-    for path in sorted(p for p in folder.rglob("*") if is_image_file(p) and p.is_file()):
-        try:
-            pixels = decode_image(path, size, resize, interpolation, crop_pct)
-        except BadImageError as error:
-            if rank_zero_only.rank == 0:
-                log.warning("skipped %s: not a readable image (%s)", path, error)
-            continue
-        images.append(pixels.transpose(2, 0, 1))
-        names.append(path.relative_to(folder).as_posix())
-    if not images:
-        raise DataSettingError(
-            f"data.predict_dir={folder} holds no readable image ({', '.join(IMAGE_SUFFIXES)}); "
-            "point it at a folder of images"
-        )
-    return torch.from_numpy(np.ascontiguousarray(np.stack(images))), names

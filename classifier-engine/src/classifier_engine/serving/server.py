@@ -119,5 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run_serve() -> None:
+    """``python serve.py --model <export folder>``: the project's entry script. It takes no model class (as the
+    other commands do) because serving imports no torch: an image that serves holds onnxruntime alone."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run_serve()
