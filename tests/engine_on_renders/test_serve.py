@@ -13,6 +13,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from photo_classifier.models import ImageClassifier as PhotoClassifier
 from PIL import Image
 
@@ -93,16 +95,26 @@ def multipart(field: str, name: str, data: bytes) -> tuple[bytes, str]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """A tiny photo model trained, exported and predicted on 50 varied photos; its export served on a free port."""
+    """A tiny photo model trained, exported (and registered) and predicted on 50 varied photos; its export served on
+    a free port."""
     root = tmp_path_factory.mktemp("serve")
     photos = write_image_folder(root / "photos")
-    # One view per image: the exported files compute one, so predict's answers are the files' (the photo config
-    # averages a mirror view at predict, which the server says when it starts).
-    args = images_args(photos, "--trainer.max_epochs=3", "--model.test_time_augmentation=null")
+    # The photo config's predict averages each image and its mirror image (Flip): the exported files do too.
+    args = images_args(photos, "--trainer.max_epochs=3")
     run_cli(*args, cwd=root)
     (last,) = root.glob("runs/images/*/checkpoints/last.ckpt")
     export = subprocess.run(
-        [sys.executable, str(PHOTO_ROOT / "export.py"), f"--ckpt_path={last}", "--formats", "onnx"],
+        [
+            sys.executable,
+            str(PHOTO_ROOT / "export.py"),
+            f"--ckpt_path={last}",
+            "--formats",
+            "onnx",
+            "--register",
+            "served-model",
+            "--alias",
+            "candidate",  # MLflow's registry: runs/mlflow.db
+        ],
         cwd=root,
         capture_output=True,
         text=True,
@@ -427,3 +439,72 @@ def test_the_dockerfiles_serving_stages_install_no_torch_and_serve_the_export(se
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
         log.close()
+
+
+def test_the_kubernetes_manifest_is_valid_and_runs_the_serving_image_as_the_dockerfile_builds_it():
+    from classifier_engine.serving.server import parse_args
+
+    from .test_container import is_serving, stages
+
+    manifest = PHOTO_ROOT / "scripts" / "serve_kubernetes.yaml"
+    checked = subprocess.run(
+        [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", str(manifest)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # every field known to the schema
+    deployment, service = yaml.safe_load_all(manifest.read_text())
+    assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()  # the Service finds the pods
+    (container,) = pod["spec"]["containers"]
+    serving = [line for stage in filter(is_serving, stages()) for line in stage]
+    (exposed,) = [int(arguments) for instruction, arguments in serving if instruction == "EXPOSE"]
+    (user,) = [arguments for instruction, arguments in serving if instruction == "USER"]
+    (entrypoint,) = [json.loads(arguments) for instruction, arguments in serving if instruction == "ENTRYPOINT"]
+    assert container["ports"][0]["containerPort"] == exposed == int(entrypoint[entrypoint.index("--port") + 1])
+    assert pod["spec"]["securityContext"]["runAsUser"] == int(user.split(":")[0])
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    options = parse_args(entrypoint[2:] + container["args"])  # serve.py takes the manifest's arguments
+    assert options.model == "model" and options.host == "0.0.0.0"
+
+
+def test_a_registered_version_is_served_from_the_registry_and_answers_as_the_export(served, tmp_path):
+    url, last, new, rows = served
+    root = last.parents[4]  # the fixture's folder: runs/mlflow.db is the registry export.py wrote
+    assert (root / "runs" / "mlflow.db").is_file()
+    port = free_port()
+    command = [sys.executable, str(PHOTO_ROOT / "serve.py"), "--model", "models:/served-model@candidate"]
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [*command, "--port", str(port), "--threads", "1"],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT, env=cli_env(), start_new_session=True,
+    )  # fmt: skip
+    try:
+        for _ in range(240):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    if response.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError(f"serve.py did not start:\n{(tmp_path / 'serve.log').read_text()}")
+        for photo in sorted(new.iterdir())[:8]:
+            status, answer = post(f"http://127.0.0.1:{port}/predict", photo.read_bytes(), "image/jpeg")
+            _, direct = post(f"{url}/predict", photo.read_bytes(), "image/jpeg")
+            assert status == 200 and answer == direct, (answer, direct)  # the registered graph is the exported one
+            assert answer["label"] == rows[photo.name]["predicted"]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        log.close()
+    assert not list(Path(tempfile.gettempdir()).glob("serve-registered-*")), "the download was left behind"
+    missing = subprocess.run(
+        [*command[:-1], "models:/no-such-model/7", "--port", str(free_port())],
+        cwd=root, capture_output=True, text=True, env=cli_env(), timeout=300,
+    )  # fmt: skip
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    (line,) = missing.stderr.strip().splitlines()
+    assert line.startswith("error: models:/no-such-model/7 is not a version the registry")
+    assert "MLFLOW_TRACKING_URI" in line

@@ -18,7 +18,7 @@ import numpy as np
 from ..contract import ClassifierModel
 from ..foundation.files import sha256
 from ..models.cost import model_cost
-from .contract import sample_images
+from .contract import exported_network, sample_images
 from .errors import ExportCheckError, ExportError, Int8DropError
 from .evaluation import (
     Accuracy,
@@ -164,7 +164,7 @@ DEFAULT_TOLERANCE, ROUNDING_MARGIN = 1e-4, 10.0
 def parity_floor(options: ExportOptions, model: ClassifierModel) -> float:
     if options.tolerance is not None:
         return 0.0
-    return ROUNDING_MARGIN * float32_error(model.network().eval(), model.image_size)
+    return ROUNDING_MARGIN * float32_error(exported_network(model).eval(), model.image_size)
 
 
 def check_parity(built: Built, reference: Predictor, options: ExportOptions, image_size: int, floor: float) -> None:
@@ -179,7 +179,7 @@ def check_parity(built: Built, reference: Predictor, options: ExportOptions, ima
 
 def build(options: ExportOptions, model: ClassifierModel, data: RunData | None, staged: StagedFiles, work: Path):
     """Each artifact, staged and checked, in the order it depends on (int8 is made from the fp32 ONNX)."""
-    eager = torch_predictor(model.network().eval())  # what every file computes: calibrated logits
+    eager = torch_predictor(exported_network(model).eval())  # what every file computes: calibrated logits
     floor = parity_floor(options, model) if {"onnx", "pt2"} & set(options.formats) else 0.0
     built: dict[str, Built] = {}
     calibration = None
@@ -226,7 +226,7 @@ def evaluate(
         if scores is not None:  # the card's rule, counted on the file's own second output
             artifact.unlike_training = int((scores < unknown_below).sum())
     return judge(
-        all_logits(torch_predictor(model.network().eval()), images, options.eval_batch_size), labels, thresholds
+        all_logits(torch_predictor(exported_network(model).eval()), images, options.eval_batch_size), labels, thresholds
     )
 
 
@@ -338,7 +338,7 @@ def export_model(
             model,
             checkpoint,
             options.ckpt_path,
-            model_cost(model.network(), model.image_size),
+            model_cost(exported_network(model), model.image_size),
             shipped,
             eager.as_dict() if eager else None,
             evaluation_record(options, data, skipped, eager),

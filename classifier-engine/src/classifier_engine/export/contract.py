@@ -30,8 +30,43 @@ def sample_images(batch: int, seed: int = 0, size: int = 32) -> torch.Tensor:
     return (smooth + noise).clamp(0, 255).to(torch.uint8)
 
 
-# The one-view test-time augmentation every project's models/test_time.py starts from (the files compute one view).
+# The one-view test-time augmentation every project's models/test_time.py starts from.
 ONE_VIEW = "TestTimeAugmentation"
+
+
+class Views(torch.nn.Module):
+    """The backbone under the run's test-time augmentation: each image's views averaged, as ``evaluate`` does."""
+
+    def __init__(self, backbone: torch.nn.Module, views: Any) -> None:
+        super().__init__()
+        self.backbone, self.views = backbone, views
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.views(self.backbone, x)
+
+
+def views_of(model: Any) -> str | None:
+    """The name of the test-time augmentation the exported files compute (None: one view per image)."""
+    views = getattr(model, "test_time_augmentation", None)
+    network = model.network()
+    if views is None or type(views).__name__ == ONE_VIEW or not isinstance(network, torch.nn.Sequential):
+        return None
+    return type(views).__name__ if any(part is model.backbone for part in network) else None
+
+
+def exported_network(model: Any) -> torch.nn.Module:
+    """``model.network()`` with the run's test-time views inside, so a file answers as ``predict`` does.
+
+    ``network()`` is normalization, the backbone and the temperature; the views wrap the backbone, on normalized
+    images, exactly as ``evaluate`` applies them. A ``network()`` of another shape is exported as it is, one view
+    (the card then says that the run's own evaluation averages views the files do not).
+    """
+    network = model.network()
+    if views_of(model) is None:
+        return network
+    return torch.nn.Sequential(
+        *(Views(part, model.test_time_augmentation) if part is model.backbone else part for part in network)
+    )
 
 
 def inference_module(model: Any) -> torch.nn.Module:
@@ -42,7 +77,7 @@ def inference_module(model: Any) -> torch.nn.Module:
     own = getattr(model, "inference_module", None)
     if callable(own):  # a model that combines others' scores (a fold ensemble) says what it computes
         return own()
-    network, calibration = model.network(), model.calibration
+    network, calibration = exported_network(model), model.calibration
     fitted = calibration.reject_with in calibration.by_score
     if not fitted or (calibration.reject_with == "knn" and not len(calibration.bank)):
         return network

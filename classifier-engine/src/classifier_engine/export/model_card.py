@@ -15,7 +15,7 @@ from ..foundation.files import sha256
 from ..foundation.plain_values import NAME
 from ..models.calibration import CHECKPOINT_KEY
 from ..models.cost import ModelCost
-from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, SCORE_NAME
+from .contract import INPUT_NAME, ONE_VIEW, OUTPUT_NAME, SCORE_NAME, views_of
 from .evaluation import describe_parity
 
 CARD_JSON, CARD_MARKDOWN = "model.card.json", "model.card.md"
@@ -122,14 +122,16 @@ def build_card(
     record = Preprocessing.of_checkpoint(checkpoint) or Preprocessing(
         model.image_size, "crop", "bilinear", 1.0, model.normalize.mean, model.normalize.std
     )
-    tta = type(model.test_time_augmentation)
-    run_tta = None if tta.__name__ == ONE_VIEW else tta.__name__  # the files compute one view: say so
+    inside = views_of(model)  # the run's test-time views, averaged inside the files as predict averages them
+    tta = type(model.test_time_augmentation).__name__
+    run_tta = None if tta == ONE_VIEW or inside else tta  # a network() the views could not enter: say so
     calibration = calibration_record(checkpoint)
     task = calibration["task"] if calibration else "multiclass"
     return machine_free(
         {
             "task": task,
             "network": backbone_settings(model, checkpoint),
+            "test_time_augmentation": inside,
             "input": {
                 "name": INPUT_NAME,
                 "dtype": "uint8",
@@ -160,7 +162,7 @@ def build_card(
                 "weights": shipped_weights(checkpoint),
                 "ensemble_of": checkpoint.get(ENSEMBLE_KEY),
             },
-            "evaluation": {**evaluation, "test_time_augmentation_of_the_run": run_tta},
+            "evaluation": {**evaluation, "views": inside, "test_time_augmentation_of_the_run": run_tta},
             "cross_validation": checkpoint.get(CROSS_VALIDATION_KEY),  # a final model's folds' figures
             "eager": eager,
             "artifacts": artifacts,
@@ -296,9 +298,11 @@ def evaluation_line(evaluation: dict) -> str:
         return f"- Accuracy: not measured ({evaluation['skipped']})"
     run_tta = evaluation.get("test_time_augmentation_of_the_run")
     tta = f" (the run's own evaluation averages {run_tta} views; these files compute one)" if run_tta else ""
+    inside = evaluation.get("views")
+    views = f"each image's {inside} views averaged inside the files" if inside else f"one view per image{tta}"
     return (
         f"- Accuracy on the {evaluation['dataset']} {evaluation['split']} split: {evaluation['images']:,} of "
-        f"{evaluation['split_images']:,} images from {evaluation['data_dir']}, one view per image{tta}"
+        f"{evaluation['split_images']:,} images from {evaluation['data_dir']}, {views}"
     )
 
 

@@ -156,6 +156,7 @@ class ScoredNetwork(nn.Module):
             logits = self.network(images)  # calibrated: the network divides by the temperature
         finally:
             hook.remove()
-        if self.score == "knn":
-            return logits, knn_graph_scores(seen[-1].flatten(1), self.bank, self.k)
+        if self.score == "knn":  # over several views (test-time augmentation), their features averaged, as predict
+            features = torch.stack([view.flatten(1) for view in seen]).mean(0) if len(seen) > 1 else seen[0].flatten(1)
+            return logits, knn_graph_scores(features, self.bank, self.k)
         return logits, logit_score(logits, self.temperature, self.score, self.multilabel)

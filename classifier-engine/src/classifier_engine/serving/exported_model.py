@@ -22,6 +22,9 @@ from ..models.answers import Answer, answers
 
 CARD = "model.card.json"
 FILES = {"onnx": "model.onnx", "int8": "model.int8.onnx"}
+# A version downloaded from MLflow's registry (export.py --register): the graph at the root as model.onnx (fp32 as
+# NAME, int8 as NAME-int8), the card among its extra files.
+REGISTERED, REGISTERED_CARDS = "MLmodel", "extra_files"
 MAX_CARD_BYTES = 16 * 1024 * 1024  # a card holds names and figures: far more than any real one
 
 
@@ -91,6 +94,15 @@ def rules_of(card: dict) -> Rules:
     )
 
 
+def located(folder: Path, file: str) -> tuple[Path, Path]:
+    """(the folder holding the card, the graph) of an export folder or of a registered version's download."""
+    if (folder / REGISTERED).is_file() and not (folder / CARD).is_file():
+        if file != "onnx":
+            raise ServingError("a registered version holds one graph; serve the version of NAME-int8 for int8")
+        return folder / REGISTERED_CARDS, folder / FILES["onnx"]
+    return folder, folder / FILES[file]
+
+
 class ExportedModel:
     """The folder's graph with the card's preprocessing and rules: image bytes in, ``predict``'s answers out."""
 
@@ -99,6 +111,7 @@ class ExportedModel:
 
         if file not in FILES:
             raise ServingError(f"--format must be one of {', '.join(FILES)}, got {file!r}")
+        folder, graph = located(folder, file)
         card = read_card(folder)
         try:
             given = card.get("input")
@@ -108,9 +121,8 @@ class ExportedModel:
         except (ValueError, UsageError) as error:  # the record's own check says which value
             raise ServingError(f"{folder / CARD}: {error}; export the model again with export.py") from None
         self.rules = rules_of(card)
-        graph = folder / FILES[file]
         if not graph.is_file():
-            raise ServingError(f"{folder} has no {FILES[file]}; export it (export.py --formats {file})")
+            raise ServingError(f"{graph.parent} has no {graph.name}; export it (export.py --formats {file})")
         options = onnxruntime.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = threads
