@@ -70,6 +70,7 @@ COMMON_FILES = {
     "scripts/lock.sh",
     "scripts/upgrade_engine.sh",
     "scripts/kubeflow_trainjob.yaml",
+    "scripts/serve_kubernetes.yaml",
     "Dockerfile",
     ".dockerignore",
     "scripts/slurm.sbatch",

@@ -266,6 +266,24 @@ def test_multilabel_fit_test_predict_export_and_register_agree_with_onnxruntime(
     assert scored["mAP"] > 0.6  # the patches are learnt, not guessed (chance is about the labels' share, 0.4)
     assert "| model.onnx | onnxruntime" in (last.parent / "export" / "model.card.md").read_text()
 
+    # serve.py answers each photo as predict does: the labels at the card's thresholds, their probabilities.
+    from .test_serve import post, running
+
+    photos = csv_path.parent / "images"
+    run_cli("predict", *evaluation, f"--data.predict_dir={photos}", cwd=tmp_path)
+    listed = max((run_dir / "predict").glob("*/predictions.csv"), key=lambda path: path.stat().st_mtime)  # this one
+    with open(listed) as handle:
+        predicted = {row["image"]: row for row in csv.DictReader(handle)}
+    command = [sys.executable, str(PHOTO_ROOT / "serve.py"), "--model", str(last.parent / "export")]
+    with running(command, tmp_path, tmp_path / "serve.log") as url:
+        for photo in sorted(photos.iterdir())[:40]:
+            status, answer = post(f"{url}/predict", photo.read_bytes(), "image/png")
+            row = predicted[photo.name]
+            assert status == 200 and (answer["unknown_because"] or "") == row["unknown_because"], (answer, row)
+            assert " ".join(answer["labels"]) == ("" if row["labels"] == "unknown" else row["labels"]), (answer, row)
+            shares = [float(share) for share in row["probabilities"].split()]
+            assert np.allclose(answer["probabilities"], shares, atol=5e-5), (answer, row)  # the CSV keeps 4 decimals
+
 
 # --- imbalance -----------------------------------------------------------------------------------------------------
 

@@ -18,7 +18,9 @@ import time
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +95,37 @@ def multipart(field: str, name: str, data: bytes) -> tuple[bytes, str]:
     return body, f"multipart/form-data; boundary={boundary}"
 
 
+@contextmanager
+def running(command: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``command`` (a server taking ``--port``) on a free port until /health says ok: its URL; stopped on leaving
+    with its workers (their own process group), as ``docker stop`` stops it: SIGTERM."""
+    port = free_port()
+    with log.open("w") as output:
+        server = subprocess.Popen(
+            [*command, "--port", str(port)], cwd=cwd, stdout=output, stderr=subprocess.STDOUT,
+            env=env or cli_env(), start_new_session=True,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(240):
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                        if response.read() == b"ok":
+                            break
+                except OSError:
+                    time.sleep(0.5)
+            else:
+                raise AssertionError(f"the server did not say ok on /health within 2 minutes:\n{log.read_text()}")
+            yield url
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A tiny photo model trained, exported (and registered) and predicted on 50 varied photos; its export served on
@@ -125,50 +158,10 @@ def served(tmp_path_factory):
     new = varied_photos(root / "new")
     run_cli("predict", *args[1:], "--ckpt_path=last", f"--data.predict_dir={new}", cwd=root)
     (predictions,) = root.glob("runs/images/*/predict/*/predictions.csv")
-    port = free_port()
-    command = [
-        sys.executable,
-        str(PHOTO_ROOT / "serve.py"),
-        "--model",
-        str(last.parent / "export"),
-        "--port",
-        str(port),
-        "--max_batch_size",
-        "4",
-        "--max_request_mb",
-        "1",
-        "--threads",
-        "1",
-    ]
-    log = (root / "serve.log").open("w")  # what the server says, for a failure's message
-    server = subprocess.Popen(
-        command,
-        cwd=root,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=cli_env(),
-        start_new_session=True,  # its workers are its own processes: the group ends with it
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(180):
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.read() == b"ok":
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError(f"serve.py did not say ok on /health within 90 s:\n{(root / 'serve.log').read_text()}")
+    command = [sys.executable, str(PHOTO_ROOT / "serve.py"), "--model", str(last.parent / "export")]
+    limits = ["--max_batch_size", "4", "--max_request_mb", "1", "--threads", "1"]
+    with running([*command, *limits], root, root / "serve.log") as url:
         yield url, last, new, {row["image"]: row for row in csv.DictReader(predictions.read_text().splitlines())}
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
 
 
 def test_every_photo_gets_predicts_answer_over_http_in_each_form_one_at_a_time_and_batched(served):
@@ -415,30 +408,12 @@ def test_the_dockerfiles_serving_stages_install_no_torch_and_serve_the_export(se
 
     # docker run -p PORT:8000 IMAGE: the image's ENTRYPOINT (its port moved to a free one here)
     (entrypoint,) = [json.loads(a) for stage in filter(is_serving, stages()) for i, a in stage if i == "ENTRYPOINT"]
-    port = free_port()
-    command = [shutil.which(entrypoint[0], path=build.env["PATH"]), *entrypoint[1:], "--port", str(port)]
+    command = [shutil.which(entrypoint[0], path=build.env["PATH"]), *entrypoint[1:]]
     assert command[0] == str(python)
-    log = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen(
-        command, cwd=build.workdir, stdout=log, stderr=subprocess.STDOUT, env=build.env, start_new_session=True
-    )
-    try:
-        for _ in range(120):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    if response.read() == b"ok":
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError(f"the serving image did not start:\n{(tmp_path / 'serve.log').read_text()}")
+    with running(command, build.workdir, tmp_path / "serve.log", build.env) as url:
         for photo in sorted(new.iterdir())[:5]:
-            status, answer = post(f"http://127.0.0.1:{port}/predict", photo.read_bytes(), "application/octet-stream")
+            status, answer = post(f"{url}/predict", photo.read_bytes(), "application/octet-stream")
             assert status == 200 and answer["label"] == rows[photo.name]["predicted"], answer
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-        log.close()
 
 
 def test_the_kubernetes_manifest_is_valid_and_runs_the_serving_image_as_the_dockerfile_builds_it():
@@ -473,32 +448,13 @@ def test_a_registered_version_is_served_from_the_registry_and_answers_as_the_exp
     url, last, new, rows = served
     root = last.parents[4]  # the fixture's folder: runs/mlflow.db is the registry export.py wrote
     assert (root / "runs" / "mlflow.db").is_file()
-    port = free_port()
     command = [sys.executable, str(PHOTO_ROOT / "serve.py"), "--model", "models:/served-model@candidate"]
-    log = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen(
-        [*command, "--port", str(port), "--threads", "1"],
-        cwd=root, stdout=log, stderr=subprocess.STDOUT, env=cli_env(), start_new_session=True,
-    )  # fmt: skip
-    try:
-        for _ in range(240):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    if response.read() == b"ok":
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError(f"serve.py did not start:\n{(tmp_path / 'serve.log').read_text()}")
+    with running([*command, "--threads", "1"], root, tmp_path / "serve.log") as registered:
         for photo in sorted(new.iterdir())[:8]:
-            status, answer = post(f"http://127.0.0.1:{port}/predict", photo.read_bytes(), "image/jpeg")
+            status, answer = post(f"{registered}/predict", photo.read_bytes(), "image/jpeg")
             _, direct = post(f"{url}/predict", photo.read_bytes(), "image/jpeg")
             assert status == 200 and answer == direct, (answer, direct)  # the registered graph is the exported one
             assert answer["label"] == rows[photo.name]["predicted"]
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-        log.close()
     assert not list(Path(tempfile.gettempdir()).glob("serve-registered-*")), "the download was left behind"
     missing = subprocess.run(
         [*command[:-1], "models:/no-such-model/7", "--port", str(free_port())],
@@ -508,3 +464,27 @@ def test_a_registered_version_is_served_from_the_registry_and_answers_as_the_exp
     (line,) = missing.stderr.strip().splitlines()
     assert line.startswith("error: models:/no-such-model/7 is not a version the registry")
     assert "MLFLOW_TRACKING_URI" in line
+
+
+def test_a_cifar_project_serves_its_export_as_its_predict_answers(tmp_path):
+    from .conftest import PROJECT_ROOT, fit_args, trained_folder
+
+    root = trained_folder(tmp_path / "cifar")
+    (last,) = root.glob("runs/cifar10/*/checkpoints/last.ckpt")
+    export = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "export.py"), f"--ckpt_path={last}", "--formats", "onnx"],
+        cwd=root, capture_output=True, text=True, env=cli_env(), timeout=600,
+    )  # fmt: skip
+    assert export.returncode == 0, export.stderr[-3000:]
+    new = varied_photos(root / "new", count=10)
+    run_cli("predict", *fit_args("data")[1:], "--ckpt_path=last", f"--data.predict_dir={new}", cwd=root)
+    (predictions,) = root.glob("runs/cifar10/*/predict/*/predictions.csv")
+    rows = {row["image"]: row for row in csv.DictReader(predictions.read_text().splitlines())}
+    command = [sys.executable, str(PROJECT_ROOT / "serve.py"), "--model", str(last.parent / "export")]
+    with running(command, root, tmp_path / "serve.log") as url:
+        for photo in sorted(new.iterdir()):
+            status, answer = post(f"{url}/predict", photo.read_bytes(), "application/octet-stream")
+            row = rows[photo.name]
+            assert status == 200 and answer["label"] == row["predicted"], (answer, row)
+            assert abs(answer["probability"] - float(row["probability"])) <= 5e-5
+            assert (answer["unknown_because"] or "") == row["unknown_because"]

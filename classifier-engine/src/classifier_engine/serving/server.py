@@ -35,7 +35,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the folder export.py wrote (checkpoints/export/ of a run), or a registered version: models:/NAME/1, "
         "models:/NAME@ALIAS (MLflow's registry: MLFLOW_TRACKING_URI, else export.py's sqlite:///runs/mlflow.db)",
     )
-    add("--format", choices=tuple(FILES), default="onnx", help="which of its graphs: onnx (float32) or int8")
+    add(
+        "--format",
+        choices=tuple(FILES),
+        default="onnx",
+        help="which of its graphs: onnx (float32) or int8. Not model.pt2: loading one runs what the file says "
+        "(torch.export.load unpickles and calls the functions its graph names); onnxruntime reads a graph as data",
+    )
     add("--host", default="127.0.0.1", help="the interface to listen on (0.0.0.0: every one, as in a container)")
     add("--port", type=int, default=8000, help="the port to listen on")
     add("--max_batch_size", type=int, default=8, help="most requests run as one batch")
