@@ -3,8 +3,9 @@
 ``POST /predict`` takes one photo (raw bytes, a multipart upload as ``image``, or JSON ``{"image": base64}``)
 and returns ``predict``'s answer as JSON: the label (the labels, with several), its calibrated probability,
 "unknown" and why, the score against the training images, and the top classes. ``GET /health`` is ``ok`` once
-every worker has opened the graph; ``GET /metrics`` counts the answers and times them (Prometheus).
-Requests arriving together are run as one batch.
+every worker has opened the graph; ``GET /metrics`` counts the answers and times them (Prometheus); ``GET /`` is
+a page to try it. Requests arriving together are run as one batch. ``--model`` is an export folder or a version
+in MLflow's registry (``models:/NAME@ALIAS``). It imports no torch: the export's card and graph are the model.
 """
 
 from __future__ import annotations
