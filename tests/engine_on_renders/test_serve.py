@@ -295,6 +295,19 @@ CHROMIUM_FLAGS = [
 ]
 
 
+def dropped(page, photo: Path):
+    """A drag's DataTransfer holding ``photo``, built in the page, as a file dragged from a desktop arrives."""
+    return page.evaluate_handle(
+        """([encoded, name, type]) => {
+            const bytes = Uint8Array.from(atob(encoded), (c) => c.charCodeAt(0));
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([bytes], name, { type }));
+            return transfer;
+        }""",
+        [base64.b64encode(photo.read_bytes()).decode(), photo.name, f"image/{photo.suffix[1:].replace('jpg', 'jpeg')}"],
+    )
+
+
 def test_the_page_answers_a_photo_as_predict_does_in_headless_chromium(served, tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
     url, _, new, rows = served
@@ -312,9 +325,13 @@ def test_the_page_answers_a_photo_as_predict_does_in_headless_chromium(served, t
             page.on("console", lambda message: message.type == "error" and problems.append(message.text))
             page.on("pageerror", lambda error: problems.append(str(error)))
             page.goto(f"{url}/")
-            for photo in photos:
-                page.set_input_files("#file", str(photo))
+            for picked, photo in zip((True, False), photos, strict=True):  # picked in the dialog, then dropped
+                if picked:
+                    page.set_input_files("#file", str(photo))
+                else:
+                    page.dispatch_event("#drop", "drop", {"dataTransfer": dropped(page, photo)})
                 page.wait_for_selector("body[data-state=answered]", timeout=60_000)
+                assert page.inner_text("#prompt") == photo.name
                 row = rows[photo.name]
                 assert page.inner_text("#label") == row["predicted"]
                 why = page.locator("#unknown")
