@@ -41,6 +41,27 @@ def test_the_bank_is_bounded_and_k_follows_the_share_of_the_training_images_kept
     assert [neighbours(n) for n in (1, 3, 245, 5000, 20_000, 1_000_000)] == [1, 3, 5, 5, 20, 1000]
 
 
+def test_a_checkpoint_s_calibration_is_taken_once_by_the_model_s_hook_and_the_engine_s(caplog):
+    """A command calls the model's ``on_load_checkpoint`` and then the engine's: the second takes nothing again
+    (no second line), while a different checkpoint is taken."""
+    fitted = Calibration("multiclass", 3, "energy", 0.95, keep_in_domain=0.9)
+    fitted.temperature.fill_(2.0)
+    fitted.by_score, fitted.fitted = {"energy": -1.5}, {"images": 10}
+    first, second = {}, {}
+    fitted.save_to(first)
+    fitted.temperature.fill_(3.0)
+    fitted.save_to(second)
+    restored = Calibration("multiclass", 3, "energy", 0.95, keep_in_domain=0.8)  # a changed setting: one line
+    with caplog.at_level("INFO"):
+        restored.restore_from(first)
+        restored.temperature.fill_(7.0)  # what a second restore of the same checkpoint would undo
+        restored.restore_from(first)
+    assert restored.temperature.item() == 7.0
+    assert sum("keeps 0.9 of the validation images" in line for line in caplog.messages) == 1
+    restored.restore_from(second)
+    assert restored.temperature.item() == 3.0 and restored.domain_threshold.item() == -1.5
+
+
 def test_the_in_domain_threshold_keeps_the_stated_share_of_all_validation_images():
     scores = torch.linspace(-1, 0, 200)
     for keep in (0.5, 0.9, 0.95, 0.99):

@@ -38,6 +38,7 @@ _API: dict[str, str] = {
     "model_guarantees": ".cli.model_guarantees",
     "Normalize": ".models.network_parts",
     "SharedRecipe": ".models.network_parts",
+    "ScheduleRecipe": ".models.network_parts",
     "head_input": ".models.network_parts",
     "logits_and_features": ".models.network_parts",
     "TorchvisionNet": ".models.torchvision_net",

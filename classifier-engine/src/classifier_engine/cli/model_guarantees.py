@@ -140,7 +140,7 @@ class CalibrationFit(L.Callback):
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        pl_module.calibration.restore_from(checkpoint)
+        pl_module.calibration.restore_from(checkpoint)  # a no-op where the model's own hook has taken it
 
 
 def training_features(trainer: L.Trainer, pl_module: Any) -> Tensor | None:

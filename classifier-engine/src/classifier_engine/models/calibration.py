@@ -177,6 +177,7 @@ class Calibration(nn.Module):
         self.fitted: dict[str, Any] = {}  # what the last fit measured (the record's figures)
         self.fitted_split = "val"  # on which images: the validation split, or a cross-validation's out-of-fold
         self.by_score: dict[str, float] = {}  # the in-domain threshold of each score, fitted alike
+        self.taken: dict[str, Any] | None = None  # the checkpoint record last restored: each is taken once
         self._logits: list[Tensor] = []
         self._targets: list[Tensor] = []
         self._features: list[Tensor] = []
@@ -353,8 +354,16 @@ class Calibration(nn.Module):
             checkpoint[BANK_KEY] = self.bank.cpu()
 
     def restore_from(self, checkpoint: dict[str, Any]) -> None:
-        """Take back what ``save_to`` kept (a checkpoint of an earlier release may hold less, or nothing)."""
-        self.restore(checkpoint.get(CHECKPOINT_KEY), checkpoint.get(BANK_KEY))
+        """Take back what ``save_to`` kept (a checkpoint of an earlier release may hold less, or nothing).
+
+        Once per checkpoint: a command's restore calls the model's ``on_load_checkpoint`` (which a user's
+        ``load_from_checkpoint`` needs) and then the engine's guarantee, which takes it only if the model did not.
+        """
+        record = checkpoint.get(CHECKPOINT_KEY)
+        if record is not None and record is self.taken:
+            return
+        self.taken = record
+        self.restore(record, checkpoint.get(BANK_KEY))
 
     def record(self) -> dict[str, Any]:
         """What the checkpoint keeps (plain numbers: the model card and other runtimes read them)."""

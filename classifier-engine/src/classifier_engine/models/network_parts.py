@@ -83,3 +83,16 @@ class SharedRecipe:
 
     def __deepcopy__(self, memo: dict[int, object]) -> SharedRecipe:
         return self
+
+
+class ScheduleRecipe(SharedRecipe):
+    """A learning-rate schedule recipe (``(optimizer, total_steps) -> scheduler``), tried once when it is given.
+
+    The schedule is built only when training starts; trying it against a stand-in optimizer here makes a bad
+    option (a warm-up share of 2, a misspelt argument) fail when the model is built, before data is packed or a
+    run folder is made.
+    """
+
+    def __init__(self, recipe: Callable) -> None:
+        super().__init__(recipe)
+        recipe(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), 100)
