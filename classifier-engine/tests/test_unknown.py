@@ -8,6 +8,7 @@ import csv
 import math
 import shutil
 import traceback
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 from PIL import Image
 
 from classifier_engine import Calibration
+from classifier_engine.cli.model_guarantees import CalibrationFit
 from classifier_engine.models.calibration import best_f1_thresholds, count_matched_thresholds
 from classifier_engine.models.domain import bank_capacity, keeping_threshold, knn_scores, neighbours, normalized_bank
 from classifier_engine.testing.reference import ReferenceClassifier
@@ -60,6 +62,13 @@ def test_a_checkpoint_s_calibration_is_taken_once_by_the_model_s_hook_and_the_en
     assert sum("keeps 0.9 of the validation images" in line for line in caplog.messages) == 1
     restored.restore_from(second)
     assert restored.temperature.item() == 3.0 and restored.domain_threshold.item() == -1.5
+    # The engine's hook ends a restore: a later restore of the same (cached) dict takes it again.
+    restored.restore_from(first)
+    restored.temperature.fill_(7.0)
+    CalibrationFit().on_load_checkpoint(None, SimpleNamespace(calibration=restored), first)
+    assert restored.temperature.item() == 7.0 and restored.taken is None
+    restored.restore_from(first)
+    assert restored.temperature.item() == 2.0
 
 
 def test_the_in_domain_threshold_keeps_the_stated_share_of_all_validation_images():

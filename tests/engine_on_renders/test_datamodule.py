@@ -147,14 +147,6 @@ def test_batch_size_is_out_of_the_runs_identity_when_global_batch_size_replaces_
     assert canonical_config(config(16, None)) != canonical_config(config(32, None))
 
 
-def test_a_model_setting_removed_since_1_0_names_the_run_as_its_old_value_did():
-    """A 1.5 run's config has ``model.balanced_loss: false``; the 1.6 model has no such setting: one name."""
-    before = {"model": {"balanced_loss": False, "class_weights": None}, "seed_everything": 1}
-    after = {"model": {"class_weights": None}, "seed_everything": 1}
-    assert canonical_config(before) == canonical_config(after)
-    assert canonical_config({**before, "model": {"balanced_loss": True}}) != canonical_config(after)
-
-
 def test_distributed_evaluation_shards_are_disjoint_and_unpadded(data_dir):
     shards = []
     for rank in (0, 1):

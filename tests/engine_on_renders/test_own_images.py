@@ -455,10 +455,9 @@ def test_torchvisions_pretrained_weights_train_the_head_alone_first(tmp_path):
 def test_class_weights_balanced_or_given_by_name_weigh_the_loss():
     weights = loss_weights("balanced", ["a", "b"], [10, 30], "multiclass", 40)
     assert torch.allclose(weights, torch.tensor([2.0, 2 / 3]))
-    model = ImageClassifier(
-        num_classes=2, class_counts=[10, 30], backbone=partial(FastCNN, width=4), class_weights="balanced"
-    )
-    assert torch.equal(model.criterion.weight, weights)
+    for spelled in ({"class_weights": "balanced"}, {"balanced_loss": True}):  # the 1.0 name still means the same
+        model = ImageClassifier(num_classes=2, class_counts=[10, 30], backbone=partial(FastCNN, width=4), **spelled)
+        assert torch.equal(model.criterion.weight, weights)
     assert loss_weights(None, ["a", "b"], [10, 30], "multiclass", 40) is None
     given = loss_weights({"b": 3.0}, ["a", "b"], None, "multiclass", None)
     assert torch.equal(given, torch.tensor([1.0, 3.0]))

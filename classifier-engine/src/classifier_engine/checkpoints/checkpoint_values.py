@@ -47,12 +47,6 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Settings whose strings are labels: data, whatever they spell (a class may be called "os.path" by its owner).
 LABEL_KEYS = frozenset({"class_names"})
 MAX_CLASSES = 100_000  # more classes than any label set of this kind of project: a bound, not a limit in use
-# Settings a rendered model took in an earlier 1.x release and no longer takes, at the value that computes what the
-# model computes without them: a checkpoint's at that value is passed over, not refused, and a run's hash puts it
-# back where a config lacks it (``runs/config_hash.py``), so a run of 1.0-1.5 resumes under a model of 1.6.
-REMOVED_MODEL_SETTINGS: dict[str, Any] = {
-    "balanced_loss": False,  # since 1.6: model.class_weights: balanced says the same
-}
 HOW_TO_TRUST = "pass the run's own config.yaml with --config if you trust it, or use a checkpoint of this project"
 
 
@@ -219,8 +213,6 @@ def settings_to_take(
         if not isinstance(key, str) or key not in arguments:
             if only_plain:
                 continue  # the data's: not read
-            if key in REMOVED_MODEL_SETTINGS and as_json(value) == as_json(REMOVED_MODEL_SETTINGS[key]):
-                continue  # a setting the model no longer takes, at the value that means its absence
             name = key if isinstance(key, str) and key.isprintable() and len(key) <= 60 else describe(key)
             raise refusal(source, f"{section}.{name}", f"is not an argument of {target.__name__}")
         if key in config and as_json(value) == as_json(config[key]):

@@ -141,6 +141,8 @@ class CalibrationFit(L.Callback):
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         pl_module.calibration.restore_from(checkpoint)  # a no-op where the model's own hook has taken it
+        # Once per restore, not per dict: a later command may hand the same cached dict to a since-trained model.
+        pl_module.calibration.taken = None
 
 
 def training_features(trainer: L.Trainer, pl_module: Any) -> Tensor | None:

@@ -356,8 +356,9 @@ class Calibration(nn.Module):
     def restore_from(self, checkpoint: dict[str, Any]) -> None:
         """Take back what ``save_to`` kept (a checkpoint of an earlier release may hold less, or nothing).
 
-        Once per checkpoint: a command's restore calls the model's ``on_load_checkpoint`` (which a user's
-        ``load_from_checkpoint`` needs) and then the engine's guarantee, which takes it only if the model did not.
+        Once per restore: a command's restore calls the model's ``on_load_checkpoint`` (which a user's
+        ``load_from_checkpoint`` needs) and then the engine's guarantee, which takes it only if the model did not,
+        and then forgets it (``taken``), so that a later restore of the same dict takes it again.
         """
         record = checkpoint.get(CHECKPOINT_KEY)
         if record is not None and record is self.taken:

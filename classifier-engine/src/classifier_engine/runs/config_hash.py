@@ -11,8 +11,6 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ..checkpoints.checkpoint_values import REMOVED_MODEL_SETTINGS
-
 SHORT_LENGTH = 12
 
 # Switches that steer how a command starts, never what it computes: a job script that passes them
@@ -58,10 +56,6 @@ ADDED_SINCE_1_0: dict[str, Any] = {
     "data.init_args.pool_val": False,  # cross-validation over the training images alone, as before 1.4
     "recipe": "finetune",  # fit --recipe (1.6): the config's own recipe, as before
 }
-# Settings the rendered model took in an earlier 1.x release and no longer takes (``REMOVED_MODEL_SETTINGS``), each
-# at the value that computes what the model computes without it: put back where a config lacks them, so the run
-# keeps the name it had.
-REMOVED_SINCE_1_0: dict[str, Any] = {f"model.{key}": value for key, value in REMOVED_MODEL_SETTINGS.items()}
 # Settings whose default changed without changing what is trained: each of these values names the run as the
 # setting left unset did. ``reject_with`` chooses which fitted threshold answers "unknown" (1.0-1.3: msp; since
 # 1.4: knn); every score's threshold is fitted after each validation whichever is chosen.
@@ -118,11 +112,6 @@ def canonical_config(config: dict[str, Any], excluded: Iterable[str] = EXCLUDED_
     for key, value in ADDED_SINCE_1_0.items():
         if _value(pruned, key.split(".")) == value:
             _drop(pruned, key.split("."))
-    for key, value in REMOVED_SINCE_1_0.items():
-        section, name = key.rsplit(".", 1)
-        settings = _value(pruned, section.split("."))
-        if isinstance(settings, dict):
-            settings.setdefault(name, value)
     for key, values in UNSET_AS.items():
         if _value(pruned, key.split(".")) in values:
             _drop(pruned, key.split("."))

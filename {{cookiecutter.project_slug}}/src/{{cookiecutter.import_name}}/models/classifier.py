@@ -43,6 +43,7 @@ class ImageClassifier(L.LightningModule):
         backbone: BackboneFactory | None = None,
         label_smoothing: float = 0.1,
         class_weights: ClassWeights = None,
+        balanced_loss: bool = False,
         loss: LossFactory | None = None,
         reject_with: DomainScore = "knn",
         keep_in_domain: float = 0.95,
@@ -72,6 +73,7 @@ class ImageClassifier(L.LightningModule):
             label_smoothing: Label smoothing of the cross-entropy loss (multi-class).
             class_weights: Weight of each class in the loss: null (all 1), balanced (the inverse of each class's
                 share of the training images; multi-label: negatives / positives, as pos_weight) or {class: weight}.
+            balanced_loss: The same as class_weights: balanced (the name of releases before 1.2).
             loss: The training loss instead of the task's own (cross-entropy, or BCE with logits for multi-label),
                 e.g. class_path: timm.loss.AsymmetricLossMultiLabel; called with the class weights, if any.
             reject_with: Score of "unknown" for images unlike the training ones: knn (features), energy, msp or none.
@@ -103,7 +105,8 @@ class ImageClassifier(L.LightningModule):
         self.test_time_augmentation = test_time_augmentation or TestTimeAugmentation()
         self.backbone.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         self.compiled_backbone: Callable[[Tensor], Tensor] | None = None
-        weights = engine.loss_weights(class_weights, self.class_names, class_counts, task, images_counted)
+        weighting = class_weights or ("balanced" if balanced_loss else None)
+        weights = engine.loss_weights(weighting, self.class_names, class_counts, task, images_counted)
         self.criterion = engine.build_loss(task, loss, weights, label_smoothing)
         self.calibration = engine.Calibration(task, num_classes, reject_with, keep_correct, keep_in_domain)
         metrics = engine.evaluation_metrics(task, num_classes, imbalanced=engine.is_imbalanced(class_counts))
